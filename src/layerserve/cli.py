@@ -1,0 +1,132 @@
+"""The command line: `layerserve serve | models | demo build`; every setting is also a flag."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from layerserve import __version__
+from layerserve.errors import LayerserveError
+from layerserve.settings import Settings, load_settings
+
+log = logging.getLogger("layerserve")
+
+
+def _flag_kwargs(annotation: Any) -> dict[str, Any]:
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": typing.get_args(annotation)}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if isinstance(annotation, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return {"type": annotation}
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
+    """One `--field-name` flag per Settings field (defaults stay None so lower sources can apply)."""
+    group = parser.add_argument_group("settings (also LAYERSERVE_<FIELD> variables or --config FILE)")
+    for name, field in Settings.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        group.add_argument(flag, dest=name, default=None, help=field.description, **_flag_kwargs(field.annotation))
+    parser.add_argument("--config", type=Path, default=None, help="a YAML or TOML file of settings")
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+    flags = {name: getattr(args, name, None) for name in Settings.model_fields}
+    flags.update(overrides)
+    return load_settings(flags, args.config)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from layerserve.http.app import create_app
+
+    settings = _settings(args, model_repository=args.repository)
+    _configure_logging(settings.log_level)
+    if not settings.model_repository.is_dir():
+        raise LayerserveError(f"model repository {settings.model_repository} is not a folder")
+    app = create_app(settings)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level,
+        loop="uvloop", http="httptools", access_log=False,
+    )  # fmt: skip
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from layerserve.errors import ModelLoadError
+    from layerserve.model import find_model_file, load_model, read_signature
+    from layerserve.repository import scan
+
+    settings = _settings(args, model_repository=args.repository)
+    for spec in scan(settings.model_repository):
+        print(f"{spec.name}{'  INVALID: ' + spec.error if spec.error else ''}")
+        for number, path in sorted(spec.versions.items()):
+            try:
+                model = load_model(find_model_file(path), trust=settings.trust_models)
+                signature = read_signature(model)
+            except ModelLoadError as error:
+                print(f"  version {number}: FAILED: {error.message}")
+                continue
+            print(f"  version {number}: {len(model.layers)} layers")
+            for kind, specs in (("input", signature.inputs), ("output", signature.outputs)):
+                for tensor in specs:
+                    print(f"    {kind:6} {tensor.name}: {tensor.datatype} {list(tensor.shape)}")
+    return 0
+
+
+def _demo_build(args: argparse.Namespace) -> int:
+    from layerserve.demo import build_demo_repository
+
+    _configure_logging("info")
+    build_demo_repository(args.directory)
+    print(f"demo repository written to {args.directory}; serve it with: layerserve serve {args.directory}")
+    return 0
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tf2onnx").setLevel(logging.WARNING)  # it logs every optimizer pass at INFO
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="layerserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"layerserve {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve a model repository over HTTP")
+    serve.add_argument("repository", type=Path, help="folder of models: <repo>/<model>/<version>/")
+    add_settings_flags(serve, skip={"model_repository"})
+    serve.set_defaults(run=_serve)
+
+    models = commands.add_parser("models", help="list each model's versions, inputs, outputs and layer count")
+    models.add_argument("repository", type=Path)
+    add_settings_flags(models, skip={"model_repository"})
+    models.set_defaults(run=_models)
+
+    demo = commands.add_parser("demo", help="the built-in demo repository")
+    demo_commands = demo.add_subparsers(dest="demo_command", required=True)
+    build = demo_commands.add_parser("build", help="write the demo repository into DIRECTORY")
+    build.add_argument("directory", type=Path)
+    build.set_defaults(run=_demo_build)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.run(args)
+    except LayerserveError as error:
+        print(f"layerserve: {error.message}", file=sys.stderr)
+        return 2
+    return status

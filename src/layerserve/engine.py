@@ -1,0 +1,189 @@
+"""Engines run one batch of a version: ONNX Runtime (exported once, verified) or the Keras compiled call."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from layerserve.errors import ModelLoadError
+from layerserve.tensors import Array, TensorSpec
+
+log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """Runs one batch: arrays in the model's input order -> arrays in its output order."""
+
+    name: str
+
+    def run(self, inputs: list[Array]) -> list[Array]:
+        """Compute the outputs for one batch."""
+        ...
+
+
+def _tf_spec(spec: TensorSpec) -> Any:
+    import tensorflow as tf
+
+    shape = [None if dim == -1 else dim for dim in spec.shape]
+    dtype = tf.string if spec.datatype == "BYTES" else tf.as_dtype(spec.dtype)
+    return tf.TensorSpec(shape=shape, dtype=dtype, name=spec.name)
+
+
+class KerasEngine:
+    """The model's call compiled once as a `tf.function` with a free batch dimension."""
+
+    name = "keras"
+
+    def __init__(self, model: Any, inputs: tuple[TensorSpec, ...]) -> None:
+        import keras
+        import tensorflow as tf
+
+        self._flatten = keras.tree.flatten
+        signature = [_tf_spec(spec) for spec in inputs]
+        single = len(inputs) == 1
+
+        def call(*tensors: Any) -> Any:
+            return model(tensors[0] if single else list(tensors), training=False)
+
+        self._function = tf.function(call, input_signature=signature, autograph=False)
+
+    def run(self, inputs: list[Array]) -> list[Array]:
+        """Compute the outputs for one batch."""
+        return [np.asarray(t) for t in self._flatten(self._function(*inputs))]
+
+
+class OnnxEngine:
+    """An ONNX Runtime session over an exported graph."""
+
+    name = "onnx"
+
+    def __init__(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        names = [i.name for i in self._session.get_inputs()]
+        if len(names) != len(inputs):
+            raise ModelLoadError(f"exported graph has {len(names)} inputs, the model {len(inputs)}")
+        wanted = [spec.name for spec in inputs]
+        # tf2onnx keeps the TensorSpec names; fall back to position if it renamed them.
+        self._input_names = wanted if sorted(names) == sorted(wanted) else names
+
+    def run(self, inputs: list[Array]) -> list[Array]:
+        """Compute the outputs for one batch."""
+        return list(self._session.run(None, dict(zip(self._input_names, inputs, strict=True))))
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine a version runs on, and why (the reason for a fallback, or the verification result)."""
+
+    engine: Engine
+    reason: str
+
+
+def export_onnx(model: Any, inputs: tuple[TensorSpec, ...], target: Path) -> None:
+    """Export the model's call to an ONNX file, written atomically (temporary name, then rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    signature = [_tf_spec(spec) for spec in inputs]
+    handle, temporary = tempfile.mkstemp(suffix=".onnx.tmp", dir=target.parent)
+    os.close(handle)
+    try:
+        with warnings.catch_warnings():
+            # tf2onnx and Keras' exporter warn about NumPy 2 aliases they patch themselves.
+            warnings.simplefilter("ignore")
+            model.export(
+                temporary,
+                format="onnx",
+                verbose=False,
+                input_signature=[signature] if len(signature) > 1 else signature,
+            )
+        Path(temporary).replace(target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+
+
+def probe_batch(inputs: tuple[TensorSpec, ...], rows: int) -> list[Array]:
+    """A deterministic batch for warm-up and verification: small ints, normal floats, short strings."""
+    rng = np.random.default_rng(0)
+    batch = []
+    for spec in inputs:
+        shape = (rows, *(1 if dim == -1 else dim for dim in spec.shape[1:]))
+        if spec.datatype == "BYTES":
+            batch.append(np.full(shape, b"probe", dtype=object))
+        elif spec.datatype == "BOOL":
+            batch.append(rng.integers(0, 2, shape).astype(bool))
+        elif spec.dtype.kind in "iu":
+            batch.append(rng.integers(0, 2, shape).astype(spec.dtype))
+        else:
+            batch.append(rng.normal(size=shape).astype(spec.dtype))
+    return batch
+
+
+def max_difference(expected: list[Array], actual: list[Array]) -> float:
+    """The largest absolute difference between two lists of outputs (inf if their shapes differ)."""
+    worst = 0.0
+    for a, b in zip(expected, actual, strict=True):
+        if a.shape != b.shape:
+            return float("inf")
+        if a.size and a.dtype.kind in "fiub":
+            worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
+    return worst
+
+
+def onnx_cache_path(cache_dir: Path, digest: str) -> Path:
+    """Where the export of a model file with this digest is cached, per exporter version."""
+    import keras
+    import tf2onnx
+
+    tag = f"keras{keras.__version__}-tf2onnx{tf2onnx.__version__}"
+    return cache_dir / f"{digest[:40]}-{tag}.onnx"
+
+
+def choose_engine(
+    model: Any,
+    inputs: tuple[TensorSpec, ...],
+    choice: str,
+    cache_file: Path,
+    probe: list[Array],
+    atol: float,
+    threads: int,
+) -> EngineChoice:
+    """Build the engine per `choice` (auto/onnx/keras): ONNX exported once and verified, else Keras.
+
+    Raises:
+        ModelLoadError: `choice` is onnx and the export or its verification failed.
+    """
+    keras_engine = KerasEngine(model, inputs)
+    if choice == "keras":
+        return EngineChoice(keras_engine, "engine=keras was requested")
+    expected = keras_engine.run(probe)
+    try:
+        if not cache_file.exists():
+            export_onnx(model, inputs, cache_file)
+        onnx_engine = OnnxEngine(cache_file, inputs, threads)
+        difference = max_difference(expected, onnx_engine.run(probe))
+    except ModelLoadError as error:
+        reason = f"ONNX export unusable: {error.message}"
+    except Exception as error:  # tf2onnx and ORT raise many kinds for unsupported ops.
+        log.warning("ONNX export failed for %s", cache_file.name, exc_info=True)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = f"ONNX export failed: {first[:300]}"
+    else:
+        if difference <= atol:
+            return EngineChoice(onnx_engine, f"ONNX verified against Keras: max abs difference {difference:.2e}")
+        reason = f"ONNX verification failed: max abs difference {difference:.2e} > {atol:.0e}"
+    if choice == "onnx":
+        raise ModelLoadError(reason)
+    log.warning("%s; serving with the Keras compiled call", reason)
+    return EngineChoice(keras_engine, reason + "; serving with the Keras compiled call")

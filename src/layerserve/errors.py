@@ -1,0 +1,53 @@
+"""One error hierarchy: every error layerserve raises carries its HTTP status code."""
+
+from __future__ import annotations
+
+
+class LayerserveError(Exception):
+    """Base of every layerserve error; `status_code` is what the HTTP layer answers."""
+
+    status_code = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequestError(LayerserveError):
+    """The request is malformed or does not fit the model (400)."""
+
+    status_code = 400
+
+
+class NotFoundError(LayerserveError):
+    """An unknown model, version or route (404)."""
+
+    status_code = 404
+
+
+class PayloadTooLargeError(LayerserveError):
+    """The body is larger than `max_body_bytes` (413)."""
+
+    status_code = 413
+
+
+class UnsupportedMediaTypeError(LayerserveError):
+    """The body's content type cannot be read by this route (415)."""
+
+    status_code = 415
+
+
+class NotReadyError(LayerserveError):
+    """The model or version exists but cannot serve now (503)."""
+
+    status_code = 503
+
+
+class ModelLoadError(LayerserveError):
+    """A version could not be loaded; the message is its FAILED reason."""
+
+
+class ConfigError(LayerserveError):
+    """A settings value or a model's config.yaml is invalid."""
+
+    status_code = 400

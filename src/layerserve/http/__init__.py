@@ -1,0 +1,1 @@
+"""The HTTP layer: the app, its routes, and body reading."""

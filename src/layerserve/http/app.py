@@ -1,0 +1,67 @@
+"""create_app(settings): wiring, lifespan (load models in the background), and one error handler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from layerserve.errors import LayerserveError
+from layerserve.http import tfserving_routes, v2_routes
+from layerserve.http.bodies import JSONResponse
+from layerserve.registry import ModelRegistry
+from layerserve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def _layerserve_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, LayerserveError)
+    headers = {"Retry-After": "1"} if error.status_code == 503 else None
+    return JSONResponse({"error": error.message}, status_code=error.status_code, headers=headers)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    message = f"no route {request.method} {request.url.path}" if error.status_code in (404, 405) else error.detail
+    return JSONResponse({"error": message}, status_code=error.status_code)
+
+
+async def _unexpected_error(request: Request, error: Exception) -> Response:
+    log.exception("internal error on %s %s", request.method, request.url.path)
+    return JSONResponse({"error": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
+
+
+def create_app(settings: Settings) -> Starlette:
+    """The ASGI app serving `settings.model_repository`; models load in the background at start-up."""
+    registry = ModelRegistry(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        registry.scan()
+        loading = asyncio.create_task(registry.load_all())
+        try:
+            yield
+        finally:
+            loading.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
+            registry.close()
+
+    app = Starlette(
+        routes=[*v2_routes.routes, *tfserving_routes.routes],
+        lifespan=lifespan,
+        exception_handlers={
+            LayerserveError: _layerserve_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+    )
+    app.state.settings = settings
+    app.state.registry = registry
+    return app

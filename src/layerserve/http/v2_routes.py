@@ -1,0 +1,117 @@
+"""Open Inference Protocol routes: health, server and model metadata, readiness, infer, repository index."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from layerserve import __version__
+from layerserve.errors import BadRequestError
+from layerserve.http.bodies import JSONResponse, read_body
+from layerserve.protocols import v2
+from layerserve.registry import ModelRegistry, ModelVersion
+
+EXTENSIONS = ["binary_tensor_data", "model_repository", "layer_outputs"]
+
+
+def _registry(request: Request) -> ModelRegistry:
+    registry: ModelRegistry = request.app.state.registry
+    return registry
+
+
+def parse_version(request: Request) -> int | None:
+    """The `{version}` path parameter as a positive integer, or None where the path has none.
+
+    Raises:
+        BadRequestError: the version is not a positive integer.
+    """
+    raw = request.path_params.get("version")
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadRequestError(f"version must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+async def server_metadata(request: Request) -> Response:
+    """GET /v2."""
+    return JSONResponse({"name": "layerserve", "version": __version__, "extensions": EXTENSIONS})
+
+
+async def live(request: Request) -> Response:
+    """GET /v2/health/live."""
+    return JSONResponse({"live": True})
+
+
+async def ready(request: Request) -> Response:
+    """GET /v2/health/ready: 200 once every model has settled, else 503."""
+    is_ready = _registry(request).is_ready
+    return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+
+
+def version_metadata(version: ModelVersion, versions: list[int]) -> dict[str, object]:
+    """The V2 model metadata of one version, with layerserve's state and engine fields."""
+    return {
+        "name": version.name,
+        "versions": [str(v) for v in versions],
+        "platform": "keras_tensorflow",
+        "inputs": [spec.to_dict() for spec in version.signature.inputs],
+        "outputs": [spec.to_dict() for spec in version.signature.outputs],
+        "version": str(version.version),
+        "state": version.state,
+        "reason": version.reason,
+        "engine": version.engine_name,
+        "engine_reason": version.engine_reason,
+        "layer_count": version.layer_count,
+        "description": version.config.description,
+    }
+
+
+async def model_metadata(request: Request) -> Response:
+    """GET /v2/models/{model}[/versions/{version}]."""
+    registry = _registry(request)
+    name = request.path_params["model"]
+    version = registry.find(name, parse_version(request))
+    return JSONResponse(version_metadata(version, registry.entry(name).ready_versions))
+
+
+async def model_ready(request: Request) -> Response:
+    """GET /v2/models/{model}[/versions/{version}]/ready: 200 when ready, else 503."""
+    version = _registry(request).find(request.path_params["model"], parse_version(request))
+    return JSONResponse(
+        {"name": version.name, "version": str(version.version), "ready": version.is_ready},
+        status_code=200 if version.is_ready else 503,
+    )
+
+
+async def infer(request: Request) -> Response:
+    """POST /v2/models/{model}[/versions/{version}]/infer (JSON or binary tensor data)."""
+    body = await read_body(request, request.app.state.settings.max_body_bytes)
+    version = _registry(request).get(request.path_params["model"], parse_version(request))
+    parsed = v2.parse_infer_request(body, request.headers.get(v2.HEADER_LENGTH), version.signature)
+    outputs = await version.predict(parsed.inputs)
+    content, header_length = v2.encode_infer_response(version.name, version.version, parsed, outputs)
+    if header_length is None:
+        return Response(content, media_type="application/json")
+    headers = {"Inference-Header-Content-Length": str(header_length)}
+    return Response(content, media_type="application/octet-stream", headers=headers)
+
+
+async def repository_index(request: Request) -> Response:
+    """POST /v2/repository/index: every version with its state and reason."""
+    return JSONResponse(_registry(request).index())
+
+
+_MODEL = "/v2/models/{model}"
+_VERSION = "/v2/models/{model}/versions/{version}"
+
+routes = [
+    Route("/v2", server_metadata, methods=["GET"]),
+    Route("/v2/health/live", live, methods=["GET"]),
+    Route("/v2/health/ready", ready, methods=["GET"]),
+    Route("/v2/repository/index", repository_index, methods=["POST"]),
+    *(Route(prefix, model_metadata, methods=["GET"]) for prefix in (_MODEL, _VERSION)),
+    *(Route(f"{prefix}/ready", model_ready, methods=["GET"]) for prefix in (_MODEL, _VERSION)),
+    *(Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
+]

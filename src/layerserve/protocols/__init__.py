@@ -1,0 +1,1 @@
+"""Wire formats: KServe V2 / Open Inference Protocol and TF Serving REST."""

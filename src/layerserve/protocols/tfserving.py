@@ -1,0 +1,181 @@
+"""TF Serving REST: `instances` (row) and `inputs` (columnar) requests <-> numpy arrays."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from layerserve.errors import BadRequestError
+from layerserve.model import Signature
+from layerserve.protocols.v2 import load_json_object
+from layerserve.tensors import Array, TensorSpec, array_from_json, check_against_spec, check_batch_sizes
+
+_TF_DTYPES = {
+    "BOOL": "DT_BOOL",
+    "UINT8": "DT_UINT8",
+    "UINT16": "DT_UINT16",
+    "UINT32": "DT_UINT32",
+    "UINT64": "DT_UINT64",
+    "INT8": "DT_INT8",
+    "INT16": "DT_INT16",
+    "INT32": "DT_INT32",
+    "INT64": "DT_INT64",
+    "FP16": "DT_HALF",
+    "FP32": "DT_FLOAT",
+    "FP64": "DT_DOUBLE",
+    "BYTES": "DT_STRING",
+}
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """A parsed `:predict` body: input arrays by name, and whether the answer is row-format."""
+
+    inputs: dict[str, Array]
+    is_row_format: bool
+
+
+def _decode_b64(value: Any, what: str) -> Any:
+    """Replace every `{"b64": "..."}` in nested lists with its bytes."""
+    if isinstance(value, list):
+        return [_decode_b64(item, what) for item in value]
+    if isinstance(value, dict):
+        if set(value) != {"b64"} or not isinstance(value["b64"], str):
+            raise BadRequestError(f'{what}: objects in tensor data must be {{"b64": "..."}}')
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except binascii.Error as error:
+            raise BadRequestError(f"{what}: invalid base64: {error}") from None
+    return value
+
+
+def _to_array(value: Any, spec: TensorSpec) -> Array:
+    what = f"input '{spec.name}'"
+    value = _decode_b64(value, what)
+    if spec.datatype == "BYTES":
+        array = _bytes_array(value, what)
+    else:
+        try:
+            shaped = np.asarray(value)
+        except (ValueError, TypeError):
+            raise BadRequestError(f"{what}: data must be a (nested) list of numbers of one shape") from None
+        array = array_from_json(value, spec.dtype, what).reshape(shaped.shape)
+    check_against_spec(spec, spec.datatype, array.shape)
+    return array
+
+
+def _bytes_array(value: Any, what: str) -> Array:
+    def walk(item: Any) -> Any:
+        if isinstance(item, list):
+            return [walk(i) for i in item]
+        if isinstance(item, str):
+            return item.encode("utf-8")
+        if isinstance(item, bytes):
+            return item
+        raise BadRequestError(f'{what}: expected strings or {{"b64": ...}}, got {type(item).__name__}')
+
+    nested = walk(value)
+    try:
+        return np.array(nested, dtype=object)
+    except ValueError:
+        raise BadRequestError(f"{what}: string data must be lists of one shape") from None
+
+
+def _rows_to_columns(instances: list[Any], signature: Signature) -> dict[str, list[Any]]:
+    names = [spec.name for spec in signature.inputs]
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+    for row in instances:
+        is_named = isinstance(row, dict) and set(row) != {"b64"}
+        if len(names) > 1 and not is_named:
+            raise BadRequestError(f"each instance must be an object with the inputs {', '.join(names)}")
+        values = row if is_named else {names[0]: row}
+        unknown = set(values) - set(names)
+        if unknown:
+            raise BadRequestError(f"unknown input(s) {', '.join(sorted(unknown))}; inputs: {', '.join(names)}")
+        for name in names:
+            if name not in values:
+                raise BadRequestError(f"an instance lacks input '{name}'")
+            columns[name].append(values[name])
+    return columns
+
+
+def parse_predict_request(body: bytes, signature: Signature) -> PredictRequest:
+    """Parse a `:predict` body with `instances` or `inputs`.
+
+    Raises:
+        BadRequestError: naming the bad field or input and what was expected.
+    """
+    request = load_json_object(body, "the request body")
+    if ("instances" in request) == ("inputs" in request):
+        raise BadRequestError("the body needs exactly one of 'instances' (row format) or 'inputs' (columnar)")
+    specs = {spec.name: spec for spec in signature.inputs}
+    if "instances" in request:
+        instances = request["instances"]
+        if not isinstance(instances, list) or not instances:
+            raise BadRequestError("'instances' must be a non-empty list")
+        columns: dict[str, Any] = _rows_to_columns(instances, signature)
+    else:
+        columns = request["inputs"]
+        only = signature.inputs[0].name if len(specs) == 1 else None
+        if only is not None and not (isinstance(columns, dict) and set(columns) == {only}):
+            columns = {only: columns}
+        if not isinstance(columns, dict) or set(columns) != set(specs):
+            given = ", ".join(sorted(columns)) if isinstance(columns, dict) else type(columns).__name__
+            raise BadRequestError(f"'inputs' must be an object with the inputs {', '.join(specs)}; got {given}")
+    arrays = {name: _to_array(columns[name], specs[name]) for name in specs}
+    check_batch_sizes(arrays)
+    return PredictRequest(arrays, is_row_format="instances" in request)
+
+
+def _jsonable(array: Array) -> Any:
+    if array.dtype.kind in "OSU":
+        return [_jsonable_bytes(item) for item in array] if array.ndim else _jsonable_bytes(array.item())
+    return array
+
+
+def _jsonable_bytes(item: Any) -> Any:
+    if isinstance(item, np.ndarray):
+        return _jsonable(item)
+    if isinstance(item, bytes):
+        try:
+            return item.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"b64": base64.b64encode(item).decode("ascii")}
+    return item
+
+
+def encode_predict_response(request: PredictRequest, outputs: dict[str, Array]) -> bytes:
+    """`{"predictions": ...}` for row requests, `{"outputs": ...}` for columnar ones."""
+    if request.is_row_format:
+        if len(outputs) == 1:
+            body: dict[str, Any] = {"predictions": _jsonable(next(iter(outputs.values())))}
+        else:
+            rows = len(next(iter(outputs.values())))
+            body = {"predictions": [{n: _jsonable(a[i]) for n, a in outputs.items()} for i in range(rows)]}
+    elif len(outputs) == 1:
+        body = {"outputs": _jsonable(next(iter(outputs.values())))}
+    else:
+        body = {"outputs": {name: _jsonable(array) for name, array in outputs.items()}}
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _tensor_info(spec: TensorSpec) -> dict[str, Any]:
+    return {
+        "dtype": _TF_DTYPES[spec.datatype],
+        "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in spec.shape], "unknown_rank": False},
+        "name": spec.name,
+    }
+
+
+def signature_def(signature: Signature) -> dict[str, Any]:
+    """The `serving_default` signature_def of the metadata answer."""
+    return {
+        "inputs": {spec.name: _tensor_info(spec) for spec in signature.inputs},
+        "outputs": {spec.name: _tensor_info(spec) for spec in signature.outputs},
+        "method_name": "tensorflow/serving/predict",
+    }

@@ -1,0 +1,240 @@
+"""Open Inference Protocol (V2) JSON and the binary tensor data extension <-> numpy arrays."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from layerserve.errors import BadRequestError
+from layerserve.model import Signature
+from layerserve.tensors import (
+    Array,
+    array_from_json,
+    check_against_spec,
+    check_batch_sizes,
+    datatype_of,
+    dtype_of,
+    parse_shape,
+    reshape_checked,
+)
+
+HEADER_LENGTH = "inference-header-content-length"
+_U32 = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """An output the client asked for, and whether it wants it as binary data (None: request default)."""
+
+    name: str
+    binary: bool | None
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """A parsed infer request: validated input arrays by name and the outputs to return."""
+
+    id: str | None
+    inputs: dict[str, Array]
+    outputs: tuple[RequestedOutput, ...]
+    binary_output: bool
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """Split a body into its JSON header and binary tail per `Inference-Header-Content-Length`.
+
+    Raises:
+        BadRequestError: the header is not an integer within the body's length.
+    """
+    if header_length is None:
+        return body, b""
+    if not header_length.strip().isdigit():
+        raise BadRequestError(f"Inference-Header-Content-Length must be a non-negative integer, got {header_length!r}")
+    length = int(header_length)
+    if length > len(body):
+        raise BadRequestError(f"Inference-Header-Content-Length {length} is larger than the body ({len(body)} bytes)")
+    return body[:length], body[length:]
+
+
+def load_json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """Parse a JSON object.
+
+    Raises:
+        BadRequestError: invalid JSON, or not an object.
+    """
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise BadRequestError(f"{what} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise BadRequestError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
+    parameters = item.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequestError(f"{what}: parameters must be an object")
+    return parameters
+
+
+def _decode_bytes_elements(raw: bytes, count: int, what: str) -> Array:
+    elements: list[bytes] = []
+    offset = 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise BadRequestError(f"{what}: truncated BYTES length prefix at offset {offset}")
+        (size,) = _U32.unpack_from(raw, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise BadRequestError(f"{what}: BYTES element of {size} bytes runs past the end of its data")
+        elements.append(raw[offset : offset + size])
+        offset += size
+    if len(elements) != count:
+        raise BadRequestError(f"{what}: binary data holds {len(elements)} BYTES elements, shape needs {count}")
+    array = np.empty(count, dtype=object)
+    array[:] = elements
+    return array
+
+
+def _decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) -> Array:
+    count = int(np.prod(shape))
+    dtype = dtype_of(datatype, what)
+    if datatype == "BYTES":
+        return _decode_bytes_elements(raw, count, what).reshape(shape)
+    if len(raw) != count * dtype.itemsize:
+        raise BadRequestError(
+            f"{what}: binary_data_size {len(raw)} does not match shape {list(shape)} of {datatype} "
+            f"({count * dtype.itemsize} bytes expected)"
+        )
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
+
+
+def _decode_input(item: Any, binary: bytes, offset: int, signature: Signature) -> tuple[str, Array, int]:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise BadRequestError("each entry of 'inputs' must be an object with a string 'name'")
+    name = item["name"]
+    what = f"input '{name}'"
+    specs = {spec.name: spec for spec in signature.inputs}
+    if name not in specs:
+        raise BadRequestError(f"unknown input '{name}'; the model's inputs are: {', '.join(specs)}")
+    shape = parse_shape(item.get("shape"), what)
+    datatype = item.get("datatype")
+    dtype = dtype_of(datatype, what)
+    check_against_spec(specs[name], str(datatype), shape)
+    size = _parameters(item, what).get("binary_data_size")
+    if size is not None:
+        if type(size) is not int or size < 0 or offset + size > len(binary):
+            raise BadRequestError(f"{what}: binary_data_size {size!r} runs past the binary data")
+        return name, _decode_binary(binary[offset : offset + size], str(datatype), shape, what), offset + size
+    if "data" not in item:
+        raise BadRequestError(f"{what}: needs 'data' or a binary_data_size parameter")
+    return name, reshape_checked(array_from_json(item["data"], dtype, what), shape, what), offset
+
+
+def _requested_outputs(raw: Any, signature: Signature) -> tuple[RequestedOutput, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise BadRequestError("'outputs' must be a list of objects with a 'name'")
+    known = [spec.name for spec in signature.outputs]
+    requested = []
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise BadRequestError("each entry of 'outputs' must be an object with a string 'name'")
+        if item["name"] not in known:
+            raise BadRequestError(f"unknown output '{item['name']}'; the model's outputs are: {', '.join(known)}")
+        binary = _parameters(item, f"output '{item['name']}'").get("binary_data")
+        requested.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+    names = [output.name for output in requested]
+    if len(set(names)) != len(names):
+        raise BadRequestError(f"output names must be unique, got {names}")
+    return tuple(requested)
+
+
+def parse_infer_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
+    """Parse and validate a V2 infer request (JSON, or JSON + binary tensor data) against a signature.
+
+    Raises:
+        BadRequestError: naming the bad field or input and what was expected.
+    """
+    header, binary = split_body(body, header_length)
+    request = load_json_object(header, "the request body")
+    raw_inputs = request.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequestError("'inputs' must be a non-empty list")
+    inputs: dict[str, Array] = {}
+    offset = 0
+    for item in raw_inputs:
+        name, array, offset = _decode_input(item, binary, offset, signature)
+        if name in inputs:
+            raise BadRequestError(f"input '{name}' is given twice")
+        inputs[name] = array
+    missing = [spec.name for spec in signature.inputs if spec.name not in inputs]
+    if missing:
+        raise BadRequestError(f"missing input(s): {', '.join(missing)}")
+    check_batch_sizes(inputs)
+    request_id = request.get("id")
+    parameters = _parameters(request, "request")
+    return InferRequest(
+        id=None if request_id is None else str(request_id),
+        inputs=inputs,
+        outputs=_requested_outputs(request.get("outputs"), signature),
+        binary_output=bool(parameters.get("binary_data_output", False)),
+    )
+
+
+def _encode_bytes_elements(array: Array) -> bytes:
+    parts = []
+    for element in array.reshape(-1):
+        raw = element if isinstance(element, bytes) else str(element).encode("utf-8")
+        parts.append(_U32.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def _json_data(array: Array) -> Any:
+    if array.dtype.kind in "OSU":
+        return [e.decode("utf-8", "replace") if isinstance(e, bytes) else str(e) for e in array.reshape(-1)]
+    return np.ascontiguousarray(array.reshape(-1))
+
+
+def encode_infer_response(
+    model_name: str, model_version: int, request: InferRequest, outputs: dict[str, Array]
+) -> tuple[bytes, int | None]:
+    """Encode a V2 response; returns the body and the JSON header's length when binary data follows."""
+    requested = request.outputs or tuple(RequestedOutput(name, None) for name in outputs)
+    entries, tails = [], []
+    for wanted in requested:
+        array = outputs[wanted.name]
+        entry: dict[str, Any] = {
+            "name": wanted.name,
+            "datatype": datatype_of(array.dtype),
+            "shape": list(array.shape),
+        }
+        if request.binary_output if wanted.binary is None else wanted.binary:
+            raw = (
+                _encode_bytes_elements(array)
+                if entry["datatype"] == "BYTES"
+                else np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+            )
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            tails.append(raw)
+        else:
+            entry["data"] = _json_data(array)
+        entries.append(entry)
+    response: dict[str, Any] = {
+        "model_name": model_name,
+        "model_version": str(model_version),
+        "outputs": entries,
+    }
+    if request.id is not None:
+        response["id"] = request.id
+    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not tails:
+        return header, None
+    return header + b"".join(tails), len(header)

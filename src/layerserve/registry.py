@@ -1,0 +1,231 @@
+"""ModelRegistry: model name -> versions; each ModelVersion owns its engine and its model thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
+from layerserve.errors import LayerserveError, ModelLoadError, NotFoundError, NotReadyError
+from layerserve.model import Signature, file_digest, find_model_file, load_model, read_signature
+from layerserve.repository import ModelSpec, scan
+from layerserve.settings import ModelConfig, Settings
+from layerserve.tensors import Array
+
+log = logging.getLogger(__name__)
+
+
+class VersionState(StrEnum):
+    """Where a version is in its life."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    FAILED = "FAILED"
+
+
+@dataclass
+class ModelVersion:
+    """One version of a model: its Keras model, signature, engine and the thread that runs it."""
+
+    name: str
+    version: int
+    path: Path
+    config: ModelConfig
+    state: VersionState = VersionState.LOADING
+    reason: str = ""
+    signature: Signature = field(default_factory=lambda: Signature((), ()))
+    keras_model: Any = None
+    engine: Engine | None = None
+    engine_reason: str = ""
+    layer_count: int = 0
+    load_seconds: float = 0.0
+    _thread: ThreadPoolExecutor | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether the version serves requests."""
+        return self.state is VersionState.READY
+
+    def load(self, settings: Settings) -> None:
+        """Load, choose the engine, warm up; on any failure the version is FAILED with the reason."""
+        started = time.perf_counter()
+        try:
+            self._load(settings)
+        except LayerserveError as error:
+            self.state, self.reason = VersionState.FAILED, error.message
+            log.error("model %s version %d FAILED: %s", self.name, self.version, error.message)
+        except Exception as error:  # fail-soft boundary: one bad version never stops the others.
+            self.state, self.reason = VersionState.FAILED, f"unexpected error: {error}"
+            log.exception("model %s version %d FAILED", self.name, self.version)
+        else:
+            self.state = VersionState.READY
+            log.info(
+                "model %s version %d READY on %s in %.1f s (%s)",
+                self.name, self.version, self.engine_name, time.perf_counter() - started, self.engine_reason,
+            )  # fmt: skip
+        self.load_seconds = time.perf_counter() - started
+
+    def _load(self, settings: Settings) -> None:
+        model_file = find_model_file(self.path)
+        self.keras_model = load_model(model_file, trust=settings.trust_models)
+        self.signature = read_signature(self.keras_model)
+        self.layer_count = len(getattr(self.keras_model, "layers", []))
+        probe = probe_batch(self.signature.inputs, self.config.warmup_batch_size)
+        choice = choose_engine(
+            self.keras_model,
+            self.signature.inputs,
+            self.config.engine or settings.engine,
+            onnx_cache_path(settings.engine_cache_dir, file_digest(model_file)),
+            probe,
+            settings.verify_atol,
+            settings.intra_op_threads,
+        )
+        choice.engine.run(probe)  # warm-up: the first request must not pay for lazy initialisation
+        self.engine, self.engine_reason = choice.engine, choice.reason
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
+
+    @property
+    def engine_name(self) -> str:
+        """`onnx` or `keras` once loaded, else empty."""
+        return self.engine.name if self.engine else ""
+
+    async def predict(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        """Run one request on the model thread; inputs by name, outputs by name.
+
+        Raises:
+            NotReadyError: the version is not READY.
+        """
+        if self.engine is None or self._thread is None:
+            raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
+        ordered = [inputs[spec.name] for spec in self.signature.inputs]
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self._thread, self.engine.run, ordered)
+        return {spec.name: array for spec, array in zip(self.signature.outputs, results, strict=True)}
+
+    def close(self) -> None:
+        """Stop the model thread (after the calls already queued on it)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+@dataclass
+class ModelEntry:
+    """A model name with its config and versions (empty with `error` when its folder is invalid)."""
+
+    spec: ModelSpec
+    versions: dict[int, ModelVersion]
+
+    @property
+    def ready_versions(self) -> list[int]:
+        """Versions that serve, ascending."""
+        return sorted(v for v, mv in self.versions.items() if mv.is_ready)
+
+
+class ModelRegistry:
+    """Every model of the repository; loads them once, off the event loop, one at a time."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._models: dict[str, ModelEntry] = {}
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader")
+        self._settled = asyncio.Event()
+
+    def scan(self) -> None:
+        """Read the repository and register every selected version as LOADING."""
+        for spec in scan(self._settings.model_repository):
+            versions = {v: ModelVersion(spec.name, v, path, spec.config) for v, path in spec.versions.items()}
+            self._models[spec.name] = ModelEntry(spec, versions)
+
+    async def load_all(self) -> None:
+        """Load every registered version in the loader thread; readiness turns true at the end."""
+        loop = asyncio.get_running_loop()
+        try:
+            for entry in self._models.values():
+                for version in entry.versions.values():
+                    await loop.run_in_executor(self._loader, version.load, self._settings)
+        finally:
+            self._settled.set()
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether every model that should load has settled (READY or FAILED)."""
+        return self._settled.is_set()
+
+    async def wait_ready(self) -> None:
+        """Wait until every model has settled."""
+        await self._settled.wait()
+
+    @property
+    def models(self) -> dict[str, ModelEntry]:
+        """Model name -> entry, sorted by name."""
+        return self._models
+
+    def entry(self, name: str) -> ModelEntry:
+        """The model's entry.
+
+        Raises:
+            NotFoundError: no model of that name.
+        """
+        try:
+            return self._models[name]
+        except KeyError:
+            raise NotFoundError(f"unknown model '{name}'; models: {', '.join(self._models) or 'none'}") from None
+
+    def get(self, name: str, version: int | None = None) -> ModelVersion:
+        """The requested version (the newest ready one when `version` is None), READY.
+
+        Raises:
+            NotFoundError: unknown model or version.
+            NotReadyError: the version is loading or failed.
+        """
+        model_version = self.find(name, version)
+        if not model_version.is_ready:
+            detail = f": {model_version.reason}" if model_version.reason else ""
+            raise NotReadyError(f"model '{name}' version {model_version.version} is {model_version.state}{detail}")
+        return model_version
+
+    def find(self, name: str, version: int | None = None) -> ModelVersion:
+        """The requested version in any state (the newest ready one, else the newest, when `version` is None).
+
+        Raises:
+            NotFoundError: unknown model or version, or a model with no version.
+        """
+        entry = self.entry(name)
+        if version is None:
+            candidates = entry.ready_versions or sorted(entry.versions)
+            if not candidates:
+                reason = entry.spec.error or "it has no version folders"
+                raise NotReadyError(f"model '{name}' has no version to serve: {reason}")
+            version = candidates[-1]
+        try:
+            return entry.versions[version]
+        except KeyError:
+            known = ", ".join(str(v) for v in sorted(entry.versions)) or "none"
+            raise NotFoundError(f"model '{name}' has no version {version}; versions: {known}") from None
+
+    def index(self) -> list[dict[str, str]]:
+        """The repository index: one row per version (and per model without any), with state and reason."""
+        rows = []
+        for name, entry in self._models.items():
+            if not entry.versions:
+                reason = entry.spec.error or "no version folders"
+                rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": reason})
+            for number, version in sorted(entry.versions.items()):
+                rows.append({"name": name, "version": str(number), "state": version.state, "reason": version.reason})
+        return rows
+
+    def close(self) -> None:
+        """Stop every model thread and the loader."""
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        for entry in self._models.values():
+            for version in entry.versions.values():
+                version.close()
+
+
+__all__ = ["ModelLoadError", "ModelRegistry", "ModelVersion", "VersionState"]

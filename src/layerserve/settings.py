@@ -1,0 +1,162 @@
+"""Settings (server-wide: flags, LAYERSERVE_* environment, config file) and ModelConfig (per model)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from layerserve.errors import ConfigError
+
+EngineChoice = Literal["auto", "onnx", "keras"]
+ENV_PREFIX = "LAYERSERVE_"
+
+
+class Settings(BaseModel):
+    """Every server setting; each is a CLI flag, a LAYERSERVE_<FIELD> variable and a config-file key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_repository: Path = Field(Path("models"), description="Folder of models: <repo>/<model>/<version>/.")
+    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 for every interface).")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    engine: EngineChoice = Field(
+        "auto", description="auto: ONNX Runtime, else the Keras compiled call; onnx or keras to force one."
+    )
+    engine_cache_dir: Path = Field(
+        Path.home() / ".cache" / "layerserve" / "onnx",
+        description="Where exported ONNX graphs are kept, keyed by the model file's hash.",
+    )
+    verify_atol: float = Field(
+        1e-4,
+        gt=0,
+        description="Largest absolute difference allowed between ONNX and Keras on the probe batch.",
+    )
+    intra_op_threads: int = Field(0, ge=0, description="Threads per model call (0: one per core).")
+    max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
+    trust_models: bool = Field(
+        False,
+        description="Load models that contain Lambda layers or custom code (never for untrusted files).",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @field_validator("model_repository", "engine_cache_dir", mode="after")
+    @classmethod
+    def _expand_user(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
+def _env_values(environ: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name: environ[f"{ENV_PREFIX}{name.upper()}"]
+        for name in Settings.model_fields
+        if f"{ENV_PREFIX}{name.upper()}" in environ
+    }
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML or TOML settings file into a dict of field values.
+
+    Raises:
+        ConfigError: the file cannot be read or is not a mapping.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (OSError, tomllib.TOMLDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"config file {path}: {error}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of settings, got {type(data).__name__}")
+    return {str(key).replace("-", "_"): value for key, value in data.items()}
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build Settings; precedence: flags, then LAYERSERVE_* environment, then config file, then defaults.
+
+    Raises:
+        ConfigError: a value is invalid or a key unknown; the message names it.
+    """
+    values: dict[str, Any] = read_config_file(config_file) if config_file else {}
+    values.update(_env_values(os.environ if environ is None else environ))
+    values.update({key: value for key, value in (flags or {}).items() if value is not None})
+    try:
+        return Settings(**values)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, "setting")) from error
+
+
+def describe_validation_error(error: ValidationError, what: str) -> str:
+    """One line per problem: `<what> 'key': message`."""
+    problems = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(root)"
+        message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        problems.append(f"{what} '{key}': {message}")
+    return "; ".join(problems)
+
+
+class VersionPolicy(BaseModel):
+    """Which versions of a model are served: the newest `latest`, `all`, or a `specific` list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    latest: int | None = Field(None, ge=1, description="Serve the N newest versions.")
+    all: bool = Field(False, description="Serve every version.")
+    specific: list[int] | None = Field(None, description="Serve exactly these versions.")
+
+    def select(self, versions: list[int]) -> list[int]:
+        """The versions to load out of those present, ascending."""
+        ordered = sorted(versions)
+        if self.all:
+            return ordered
+        if self.specific is not None:
+            return [v for v in ordered if v in set(self.specific)]
+        return ordered[-(self.latest or 1) :]
+
+
+class ModelConfig(BaseModel):
+    """A model's optional `config.yaml`; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    description: str = Field("", description="Free text shown in the model's metadata.")
+    engine: EngineChoice | None = Field(None, description="Overrides the server's `engine` for this model.")
+    version_policy: VersionPolicy = Field(
+        default_factory=lambda: VersionPolicy(latest=1), description="Which versions are loaded."
+    )
+    warmup_batch_size: int = Field(2, ge=1, description="Rows of the probe batch run before a version is READY.")
+
+
+def read_model_config(path: Path) -> ModelConfig:
+    """Read and validate a model's config.yaml (a missing file means defaults).
+
+    Raises:
+        ConfigError: the YAML is invalid, or a key is unknown or has a wrong value.
+    """
+    if not path.exists():
+        return ModelConfig()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"{path}: {error}") from error
+    if data is None:
+        return ModelConfig()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
+    if data.get("version_policy") == "all":
+        data["version_policy"] = {"all": True}
+    try:
+        return ModelConfig(**data)
+    except ValidationError as error:
+        raise ConfigError(f"{path}: {describe_validation_error(error, 'key')}") from error

@@ -1,0 +1,106 @@
+"""Session fixtures: a real repository of small Keras models saved to disk, and a real server on it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import pytest
+
+from layerserve.settings import Settings
+from tests.live_server import LiveServer, start_server
+
+
+def build_mlp(seed: int) -> Any:
+    """10 floats -> 3 softmax scores."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((10,), name="x")
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(x)
+    return keras.Model(x, keras.layers.Dense(3, activation="softmax", name="probs")(h), name="mlp")
+
+
+def build_multi() -> Any:
+    """Two inputs (FP32 features, INT32 tokens) -> two outputs (a regression pair, 5 softmax scores)."""
+    keras.utils.set_random_seed(3)
+    features = keras.Input((4,), name="features")
+    tokens = keras.Input((3,), dtype="int32", name="tokens")
+    embedded = keras.layers.Flatten(name="flat")(keras.layers.Embedding(10, 2, name="embedding")(tokens))
+    joined = keras.layers.Concatenate(name="joined")([features, embedded])
+    regression = keras.layers.Dense(2, name="regression")(joined)
+    probs = keras.layers.Dense(5, activation="softmax", name="probs")(joined)
+    return keras.Model([features, tokens], [regression, probs], name="multi")
+
+
+def build_sequential() -> Any:
+    """A Sequential model (saved as legacy .h5): 6 floats -> 2 values."""
+    keras.utils.set_random_seed(5)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(2)])
+
+
+def build_lambda() -> Any:
+    """A model with a Lambda layer: code inside the file, refused without trust_models."""
+    x = keras.Input((3,), name="x")
+    return keras.Model(x, keras.layers.Lambda(lambda t: t * 2, name="double")(x))
+
+
+def _save(model: Any, folder: Path, filename: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename
+    model.save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository with good, legacy, SavedModel, unsafe, corrupt and misconfigured models."""
+    repo = tmp_path_factory.mktemp("repository")
+    _save(build_mlp(1), repo / "mlp" / "1", "model.keras")
+    _save(build_mlp(2), repo / "mlp" / "2", "model.keras")
+    (repo / "mlp" / "config.yaml").write_text("description: two versions\nversion_policy: all\n")
+    (repo / "mlp" / "draft").mkdir()  # not a version number: ignored
+    _save(build_multi(), repo / "multi" / "1", "model.keras")
+    _save(build_sequential(), repo / "legacy_h5" / "3", "model.h5")
+    _save(build_mlp(4), repo / "keras_engine" / "1", "model.keras")
+    (repo / "keras_engine" / "config.yaml").write_text("engine: keras\n")
+    build_multi().export(str(repo / "saved" / "1"), format="tf_saved_model", verbose=False)
+    _save(build_lambda(), repo / "unsafe_h5" / "1", "model.h5")
+    (repo / "corrupt" / "1").mkdir(parents=True)
+    (repo / "corrupt" / "1" / "model.keras").write_bytes(b"PK\x03\x04 this is not a zip file")
+    _save(build_mlp(5), repo / "misconfigured" / "1", "model.keras")
+    (repo / "misconfigured" / "config.yaml").write_text("max_batch_sise: 8\n")
+    return repo
+
+
+def load_reference(repository: Path, model: str, version: int) -> Any:
+    """The saved Keras model, loaded directly with Keras (the independent reference)."""
+    folder = repository / model / str(version)
+    for name in ("model.keras", "model.h5"):
+        if (folder / name).exists():
+            return keras.saving.load_model(folder / name, compile=False)
+    raise FileNotFoundError(folder)
+
+
+@pytest.fixture(scope="session")
+def settings(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """Server settings over the test repository, with a private ONNX cache."""
+    return Settings(model_repository=repository, engine_cache_dir=tmp_path_factory.mktemp("onnx-cache"))
+
+
+@pytest.fixture(scope="session")
+def server(settings: Settings) -> Iterator[LiveServer]:
+    """A real server on 127.0.0.1 over the test repository, ready."""
+    live = start_server(settings)
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded random generator."""
+    return np.random.default_rng(1234)

@@ -1,0 +1,62 @@
+"""A real layerserve server on 127.0.0.1, in a thread of the test process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from layerserve import create_app
+from layerserve.settings import Settings
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class LiveServer:
+    """A started server: its base URL, and how to stop it."""
+
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    @property
+    def host_port(self) -> str:
+        """`127.0.0.1:PORT`, as tritonclient wants it."""
+        return self.url.removeprefix("http://")
+
+    def stop(self) -> None:
+        """Ask uvicorn to exit and wait for its thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def start_server(settings: Settings, ready_timeout_s: float = 180) -> LiveServer:
+    """Start uvicorn with create_app(settings) and return once /v2/health/ready answers 200."""
+    port = free_port()
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    live = LiveServer(f"http://127.0.0.1:{port}", server, thread)
+    deadline = time.monotonic() + ready_timeout_s
+    # A bounded wait on the real readiness endpoint: the server is a black box from here.
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{live.url}/v2/health/ready", timeout=5).status_code == 200:
+                return live
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    live.stop()
+    raise TimeoutError(f"server on port {port} not ready after {ready_timeout_s} s")
