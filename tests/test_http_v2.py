@@ -204,7 +204,8 @@ BAD_REQUESTS = [
     ("/v2/models/multi/infer", {"inputs": [{"name": "tokens", "shape": [1, 3], "datatype": "INT32",
                                             "data": [1, 2, 3]}]}, 400, "missing input(s): features"),
     ("/v2/models/mlp/infer", {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0] * 10}],
-                              "outputs": [{"name": "nope"}]}, 400, "unknown output 'nope'; the model's outputs are: probs"),
+                              "outputs": [{"name": "nope"}]},
+     400, "unknown output 'nope'; the model's outputs are: probs"),
 ]  # fmt: skip
 
 
@@ -234,9 +235,7 @@ def test_body_over_the_limit_is_413(repository: Path, tmp_path: Path) -> None:
     from layerserve.settings import Settings
     from tests.live_server import start_server
 
-    small = start_server(
-        Settings(model_repository=repository / "mlp", engine_cache_dir=tmp_path, max_body_bytes=1000)
-    )
+    small = start_server(Settings(model_repository=repository / "mlp", engine_cache_dir=tmp_path, max_body_bytes=1000))
     try:
         response = httpx.post(f"{small.url}/v2/models/1/infer", content=b"x" * 5000)
         assert response.status_code == 413

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import types
 import typing
@@ -54,6 +55,9 @@ def _serve(args: argparse.Namespace) -> int:
     if not settings.model_repository.is_dir():
         raise LayerserveError(f"model repository {settings.model_repository} is not a folder")
     app = create_app(settings)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler it found: make that
+    # handler a no-op so that a clean shutdown exits with status 0, as process supervisors expect.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         loop="uvloop", http="httptools", access_log=False,

@@ -1,0 +1,73 @@
+"""The command line, run as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from tests.live_server import free_port
+
+LAYERSERVE = [sys.executable, "-m", "layerserve"]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def test_models_lists_versions_inputs_outputs_and_layers(repository: Path) -> None:
+    result = subprocess.run(
+        [*LAYERSERVE, "models", str(repository)], capture_output=True, text=True, env=ENV, check=True
+    )
+    lines = result.stdout.splitlines()
+    assert "multi" in lines
+    assert "  version 1: 7 layers" in lines
+    assert "    input  tokens: INT32 [-1, 3]" in lines
+    assert "    output probs: FP32 [-1, 5]" in lines
+    assert any(line.startswith("  version 1: FAILED: cannot load model.keras") for line in lines)
+    assert "misconfigured  INVALID: " in "\n".join(lines)
+
+
+def test_serve_rejects_a_missing_repository(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*LAYERSERVE, "serve", str(tmp_path / "nope")], capture_output=True, text=True, env=ENV, check=False
+    )
+    assert result.returncode == 2 and "is not a folder" in result.stderr
+
+
+def test_bad_setting_is_named(tmp_path: Path) -> None:
+    env = {**ENV, "LAYERSERVE_PORT": "eighty"}
+    result = subprocess.run([*LAYERSERVE, "serve", str(tmp_path)], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 2 and "setting 'port'" in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_end_to_end(repository: Path, tmp_path: Path) -> None:
+    port = free_port()
+    command = [*LAYERSERVE, "serve", str(repository), "--port", str(port)]
+    command += ["--engine-cache-dir", str(tmp_path), "--engine", "keras"]
+    log = tmp_path / "server.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, env=ENV, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            try:
+                ready = httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert ready, log.read_text()
+        body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": np.ones(10).tolist()}]}
+        answer = httpx.post(f"{url}/v2/models/mlp/infer", content=orjson.dumps(body)).json()
+        assert sum(answer["outputs"][0]["data"]) == pytest.approx(1.0, abs=1e-5)
+        assert httpx.get(f"{url}/v2/models/mlp").json()["engine"] == "keras"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0

@@ -1,0 +1,65 @@
+"""Settings precedence and validation; ModelConfig validation and version policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from layerserve.errors import ConfigError
+from layerserve.settings import VersionPolicy, load_settings, read_model_config
+
+
+def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
+    config = tmp_path / "layerserve.yaml"
+    config.write_text("port: 9001\nengine: keras\nmax-body-bytes: 123\n")
+    env = {"LAYERSERVE_PORT": "9002", "LAYERSERVE_ENGINE": "onnx"}
+    settings = load_settings({"port": 9003}, config, env)
+    assert (settings.port, settings.engine, settings.max_body_bytes) == (9003, "onnx", 123)
+    assert load_settings({}, config, env).port == 9002
+    assert load_settings({}, config, {}).port == 9001
+
+
+def test_toml_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "layerserve.toml"
+    config.write_text('engine = "keras"\ntrust_models = true\n')
+    settings = load_settings({}, config, {})
+    assert settings.engine == "keras" and settings.trust_models is True
+
+
+def test_unknown_and_invalid_settings_name_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("prot: 1\n")
+    with pytest.raises(ConfigError, match="setting 'prot': unknown key"):
+        load_settings({}, config, {})
+    with pytest.raises(ConfigError, match="setting 'engine'"):
+        load_settings({"engine": "tpu"}, None, {})
+    with pytest.raises(ConfigError, match="setting 'port'"):
+        load_settings({}, None, {"LAYERSERVE_PORT": "many"})
+
+
+def test_model_config_unknown_key_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("description: x\nmax_batch_sise: 8\n")
+    with pytest.raises(ConfigError, match="'max_batch_sise': unknown key"):
+        read_model_config(path)
+    path.write_text("engine: gpu\n")
+    with pytest.raises(ConfigError, match="'engine'"):
+        read_model_config(path)
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        read_model_config(path)
+
+
+def test_missing_or_empty_model_config_means_defaults(tmp_path: Path) -> None:
+    assert read_model_config(tmp_path / "absent.yaml").engine is None
+    (tmp_path / "empty.yaml").write_text("")
+    assert read_model_config(tmp_path / "empty.yaml").version_policy.select([1, 2, 3]) == [3]
+
+
+def test_version_policies(tmp_path: Path) -> None:
+    assert VersionPolicy(latest=2).select([3, 1, 2]) == [2, 3]
+    assert VersionPolicy(all=True).select([3, 1, 2]) == [1, 2, 3]
+    assert VersionPolicy(specific=[1, 5]).select([3, 1, 2]) == [1]
+    (tmp_path / "config.yaml").write_text("version_policy: all\n")
+    assert read_model_config(tmp_path / "config.yaml").version_policy.all
