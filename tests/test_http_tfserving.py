@@ -53,17 +53,18 @@ def test_predict_errors(server: LiveServer) -> None:
     response = predict(server, "/v1/models/mlp:predict", {"nothing": 1})
     assert response.status_code == 400 and "exactly one of 'instances'" in response.json()["error"]
     response = predict(server, "/v1/models/multi:predict", {"instances": [{"features": [0, 0, 0, 0]}]})
-    assert response.status_code == 400 and "lacks input 'tokens'" in response.json()["error"]
+    assert response.status_code == 400 and "missing input(s): tokens" in response.json()["error"]
     response = predict(server, "/v1/models/nope:predict", {"instances": [[1]]})
     assert response.status_code == 404
 
 
 def test_b64_values_decode_to_bytes() -> None:
+    from layerserve.layers import LayerGraph
     from layerserve.model import Signature
     from layerserve.protocols.tfserving import encode_predict_response, parse_predict_request
     from layerserve.tensors import TensorSpec
 
-    signature = Signature((TensorSpec("text", "BYTES", (-1,)),), (TensorSpec("text", "BYTES", (-1,)),))
+    signature = LayerGraph(Signature((TensorSpec("text", "BYTES", (-1,)),), (TensorSpec("text", "BYTES", (-1,)),)))
     parsed = parse_predict_request(b'{"instances": [{"b64": "aGVsbG8="}, "plain"]}', signature)
     assert parsed.inputs["text"].tolist() == [b"hello", b"plain"]
     raw = np.array([b"ok", b"\xff\xfe"], dtype=object)

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from layerserve.errors import BadRequestError
+from layerserve.layers import LayerGraph
 from layerserve.model import Signature
 from layerserve.protocols.v2 import encode_infer_response, parse_infer_request
 from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
@@ -16,8 +17,8 @@ from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
 NUMERIC = [name for name in DATATYPE_TO_DTYPE if name != "BYTES"]
 
 
-def _signature(datatype: str) -> Signature:
-    return Signature((TensorSpec("t", datatype, (-1, 3)),), (TensorSpec("t", datatype, (-1, 3)),))
+def _signature(datatype: str) -> LayerGraph:
+    return LayerGraph(Signature((TensorSpec("t", datatype, (-1, 3)),), (TensorSpec("t", datatype, (-1, 3)),)))
 
 
 def _sample(datatype: str) -> np.ndarray:

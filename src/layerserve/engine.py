@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -28,12 +29,18 @@ class Engine(Protocol):
         ...
 
 
+def graph_name(name: str) -> str:
+    """A tensor name TensorFlow and ONNX accept (layer names may hold ':' or start with other characters)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+    return cleaned if re.match(r"[A-Za-z0-9.]", cleaned) else f"t{cleaned}"
+
+
 def _tf_spec(spec: TensorSpec) -> Any:
     import tensorflow as tf
 
     shape = [None if dim == -1 else dim for dim in spec.shape]
     dtype = tf.string if spec.datatype == "BYTES" else tf.as_dtype(spec.dtype)
-    return tf.TensorSpec(shape=shape, dtype=dtype, name=spec.name)
+    return tf.TensorSpec(shape=shape, dtype=dtype, name=graph_name(spec.name))
 
 
 class KerasEngine:
@@ -75,7 +82,7 @@ class OnnxEngine:
         names = [i.name for i in self._session.get_inputs()]
         if len(names) != len(inputs):
             raise ModelLoadError(f"exported graph has {len(names)} inputs, the model {len(inputs)}")
-        wanted = [spec.name for spec in inputs]
+        wanted = [graph_name(spec.name) for spec in inputs]
         # tf2onnx keeps the TensorSpec names; fall back to position if it renamed them.
         self._input_names = wanted if sorted(names) == sorted(wanted) else names
 
@@ -158,13 +165,14 @@ def choose_engine(
     probe: list[Array],
     atol: float,
     threads: int,
+    keras_engine: KerasEngine | None = None,
 ) -> EngineChoice:
     """Build the engine per `choice` (auto/onnx/keras): ONNX exported once and verified, else Keras.
 
     Raises:
         ModelLoadError: `choice` is onnx and the export or its verification failed.
     """
-    keras_engine = KerasEngine(model, inputs)
+    keras_engine = keras_engine or KerasEngine(model, inputs)
     if choice == "keras":
         return EngineChoice(keras_engine, "engine=keras was requested")
     expected = keras_engine.run(probe)

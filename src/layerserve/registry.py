@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from layerserve.cuts import CutCache
 from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
 from layerserve.errors import LayerserveError, ModelLoadError, NotFoundError, NotReadyError
+from layerserve.layers import LayerGraph
 from layerserve.model import Signature, file_digest, find_model_file, load_model, read_signature
 from layerserve.repository import ModelSpec, scan
 from layerserve.settings import ModelConfig, Settings
@@ -40,8 +42,10 @@ class ModelVersion:
     state: VersionState = VersionState.LOADING
     reason: str = ""
     signature: Signature = field(default_factory=lambda: Signature((), ()))
+    graph: LayerGraph = field(default_factory=lambda: LayerGraph(Signature((), ())))
     keras_model: Any = None
     engine: Engine | None = None
+    cuts: CutCache | None = None
     engine_reason: str = ""
     layer_count: int = 0
     load_seconds: float = 0.0
@@ -52,11 +56,14 @@ class ModelVersion:
         """Whether the version serves requests."""
         return self.state is VersionState.READY
 
-    def load(self, settings: Settings) -> None:
-        """Load, choose the engine, warm up; on any failure the version is FAILED with the reason."""
+    def load(self, settings: Settings, exporter: Executor) -> None:
+        """Load, choose the engine, warm up; on any failure the version is FAILED with the reason.
+
+        `exporter` runs the ONNX exports of this version's cuts in the background.
+        """
         started = time.perf_counter()
         try:
-            self._load(settings)
+            self._load(settings, exporter)
         except LayerserveError as error:
             self.state, self.reason = VersionState.FAILED, error.message
             log.error("model %s version %d FAILED: %s", self.name, self.version, error.message)
@@ -71,23 +78,28 @@ class ModelVersion:
             )  # fmt: skip
         self.load_seconds = time.perf_counter() - started
 
-    def _load(self, settings: Settings) -> None:
+    def _load(self, settings: Settings, exporter: Executor) -> None:
         model_file = find_model_file(self.path)
+        digest = file_digest(model_file)
         self.keras_model = load_model(model_file, trust=settings.trust_models)
         self.signature = read_signature(self.keras_model)
+        self.graph = LayerGraph(self.signature, self.keras_model)
         self.layer_count = len(getattr(self.keras_model, "layers", []))
         probe = probe_batch(self.signature.inputs, self.config.warmup_batch_size)
+        engine_choice = self.config.engine or settings.engine
         choice = choose_engine(
             self.keras_model,
             self.signature.inputs,
-            self.config.engine or settings.engine,
-            onnx_cache_path(settings.engine_cache_dir, file_digest(model_file)),
+            engine_choice,
+            onnx_cache_path(settings.engine_cache_dir, digest),
             probe,
             settings.verify_atol,
             settings.intra_op_threads,
         )
         choice.engine.run(probe)  # warm-up: the first request must not pay for lazy initialisation
         self.engine, self.engine_reason = choice.engine, choice.reason
+        cut_settings = settings.model_copy(update={"engine": engine_choice})
+        self.cuts = CutCache(self.graph, digest, cut_settings, exporter)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
 
     @property
@@ -95,21 +107,37 @@ class ModelVersion:
         """`onnx` or `keras` once loaded, else empty."""
         return self.engine.name if self.engine else ""
 
-    async def predict(self, inputs: dict[str, Array]) -> dict[str, Array]:
-        """Run one request on the model thread; inputs by name, outputs by name.
+    async def predict(self, inputs: dict[str, Array], outputs: tuple[str, ...] = ()) -> dict[str, Array]:
+        """Run one request on the model thread: named tensors in (model inputs or cut layers), named out.
+
+        With no `outputs`, the model's outputs are returned.
 
         Raises:
             NotReadyError: the version is not READY.
+            BadRequestError: a cut whose outputs need a tensor the request does not give.
         """
-        if self.engine is None or self._thread is None:
+        if self._thread is None:
             raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
-        ordered = [inputs[spec.name] for spec in self.signature.inputs]
+        wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
         loop = asyncio.get_running_loop()
-        results = await loop.run_in_executor(self._thread, self.engine.run, ordered)
-        return {spec.name: array for spec, array in zip(self.signature.outputs, results, strict=True)}
+        return await loop.run_in_executor(self._thread, self._run, inputs, wanted)
+
+    def _run(self, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
+        """On the model thread: the full model's engine, or the cut for these names."""
+        assert self.engine is not None and self.cuts is not None
+        if self.graph.is_full_model(tuple(inputs), outputs):
+            results = self.engine.run([inputs[spec.name] for spec in self.signature.inputs])
+            by_name = {spec.name: array for spec, array in zip(self.signature.outputs, results, strict=True)}
+            return {name: by_name[name] for name in outputs}
+        cut = self.cuts.get(tuple(sorted(inputs)), tuple(sorted(set(outputs))))
+        results = cut.engine.run([inputs[name] for name in cut.inputs])
+        by_name = dict(zip(cut.outputs, results, strict=True))
+        return {name: by_name[name] for name in outputs}
 
     def close(self) -> None:
-        """Stop the model thread (after the calls already queued on it)."""
+        """Drop the cuts and stop the model thread (after the calls already queued on it)."""
+        if self.cuts is not None:
+            self.cuts.close()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
 
@@ -134,6 +162,7 @@ class ModelRegistry:
         self._settings = settings
         self._models: dict[str, ModelEntry] = {}
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader")
+        self._exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter")
         self._settled = asyncio.Event()
 
     def scan(self) -> None:
@@ -148,7 +177,7 @@ class ModelRegistry:
         try:
             for entry in self._models.values():
                 for version in entry.versions.values():
-                    await loop.run_in_executor(self._loader, version.load, self._settings)
+                    await loop.run_in_executor(self._loader, version.load, self._settings, self._exporter)
         finally:
             self._settled.set()
 
@@ -223,6 +252,7 @@ class ModelRegistry:
     def close(self) -> None:
         """Stop every model thread and the loader."""
         self._loader.shutdown(wait=False, cancel_futures=True)
+        self._exporter.shutdown(wait=False, cancel_futures=True)
         for entry in self._models.values():
             for version in entry.versions.values():
                 version.close()

@@ -38,6 +38,9 @@ class Settings(BaseModel):
         description="Largest absolute difference allowed between ONNX and Keras on the probe batch.",
     )
     intra_op_threads: int = Field(0, ge=0, description="Threads per model call (0: one per core).")
+    max_cuts_per_version: int = Field(
+        32, ge=1, description="Cut sub-graphs (layer outputs, cut inputs) kept built per version (LRU)."
+    )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
     trust_models: bool = Field(
         False,

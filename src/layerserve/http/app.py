@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from layerserve.errors import LayerserveError
-from layerserve.http import tfserving_routes, v2_routes
+from layerserve.http import layer_routes, tfserving_routes, v2_routes
 from layerserve.http.bodies import JSONResponse
 from layerserve.registry import ModelRegistry
 from layerserve.settings import Settings
@@ -54,7 +54,7 @@ def create_app(settings: Settings) -> Starlette:
             registry.close()
 
     app = Starlette(
-        routes=[*v2_routes.routes, *tfserving_routes.routes],
+        routes=[*v2_routes.routes, *layer_routes.routes, *tfserving_routes.routes],
         lifespan=lifespan,
         exception_handlers={
             LayerserveError: _layerserve_error,

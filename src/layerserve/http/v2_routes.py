@@ -64,6 +64,7 @@ def version_metadata(version: ModelVersion, versions: list[int]) -> dict[str, ob
         "engine": version.engine_name,
         "engine_reason": version.engine_reason,
         "layer_count": version.layer_count,
+        "cuts": version.cuts.describe() if version.cuts else [],
         "description": version.config.description,
     }
 
@@ -89,8 +90,8 @@ async def infer(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/infer (JSON or binary tensor data)."""
     body = await read_body(request, request.app.state.settings.max_body_bytes)
     version = _registry(request).get(request.path_params["model"], parse_version(request))
-    parsed = v2.parse_infer_request(body, request.headers.get(v2.HEADER_LENGTH), version.signature)
-    outputs = await version.predict(parsed.inputs)
+    parsed = v2.parse_infer_request(body, request.headers.get(v2.HEADER_LENGTH), version.graph)
+    outputs = await version.predict(parsed.inputs, tuple(output.name for output in parsed.outputs))
     content, header_length = v2.encode_infer_response(version.name, version.version, parsed, outputs)
     if header_length is None:
         return Response(content, media_type="application/json")

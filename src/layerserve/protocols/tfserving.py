@@ -11,8 +11,9 @@ import numpy as np
 import orjson
 
 from layerserve.errors import BadRequestError
+from layerserve.layers import LayerGraph
 from layerserve.model import Signature
-from layerserve.protocols.v2 import load_json_object
+from layerserve.protocols.v2 import check_model_inputs, load_json_object
 from layerserve.tensors import Array, TensorSpec, array_from_json, check_against_spec, check_batch_sizes
 
 _TF_DTYPES = {
@@ -34,9 +35,10 @@ _TF_DTYPES = {
 
 @dataclass(frozen=True)
 class PredictRequest:
-    """A parsed `:predict` body: input arrays by name, and whether the answer is row-format."""
+    """A parsed `:predict` body: input arrays by name, the outputs asked for, and the answer's format."""
 
     inputs: dict[str, Array]
+    outputs: tuple[str, ...]
     is_row_format: bool
 
 
@@ -87,25 +89,38 @@ def _bytes_array(value: Any, what: str) -> Array:
 
 
 def _rows_to_columns(instances: list[Any], signature: Signature) -> dict[str, list[Any]]:
-    names = [spec.name for spec in signature.inputs]
+    model_inputs = [spec.name for spec in signature.inputs]
+    first = instances[0]
+    named = isinstance(first, dict) and set(first) != {"b64"}
+    if len(model_inputs) > 1 and not named:
+        raise BadRequestError(f"each instance must be an object with the inputs {', '.join(model_inputs)}")
+    names = list(first) if named else model_inputs[:1]
     columns: dict[str, list[Any]] = {name: [] for name in names}
     for row in instances:
-        is_named = isinstance(row, dict) and set(row) != {"b64"}
-        if len(names) > 1 and not is_named:
-            raise BadRequestError(f"each instance must be an object with the inputs {', '.join(names)}")
-        values = row if is_named else {names[0]: row}
-        unknown = set(values) - set(names)
-        if unknown:
-            raise BadRequestError(f"unknown input(s) {', '.join(sorted(unknown))}; inputs: {', '.join(names)}")
+        values = row if named and isinstance(row, dict) else {names[0]: row}
         for name in names:
             if name not in values:
                 raise BadRequestError(f"an instance lacks input '{name}'")
             columns[name].append(values[name])
+        if len(values) != len(names):
+            raise BadRequestError(f"every instance must name the same inputs: {', '.join(names)}")
     return columns
 
 
-def parse_predict_request(body: bytes, signature: Signature) -> PredictRequest:
-    """Parse a `:predict` body with `instances` or `inputs`.
+def _output_filter(raw: Any, graph: LayerGraph) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw) or len(set(raw)) != len(raw):
+        raise BadRequestError("'output_filter' must be a list of distinct output or layer names")
+    for name in raw:
+        graph.spec(name, "output")
+    return tuple(raw)
+
+
+def parse_predict_request(body: bytes, graph: LayerGraph) -> PredictRequest:
+    """Parse a `:predict` body with `instances` or `inputs`, and the optional `output_filter` of names.
+
+    Instances and columns may name layers (cuts); a single-input model also takes bare values.
 
     Raises:
         BadRequestError: naming the bad field or input and what was expected.
@@ -113,7 +128,7 @@ def parse_predict_request(body: bytes, signature: Signature) -> PredictRequest:
     request = load_json_object(body, "the request body")
     if ("instances" in request) == ("inputs" in request):
         raise BadRequestError("the body needs exactly one of 'instances' (row format) or 'inputs' (columnar)")
-    specs = {spec.name: spec for spec in signature.inputs}
+    signature = graph.signature
     if "instances" in request:
         instances = request["instances"]
         if not isinstance(instances, list) or not instances:
@@ -121,15 +136,17 @@ def parse_predict_request(body: bytes, signature: Signature) -> PredictRequest:
         columns: dict[str, Any] = _rows_to_columns(instances, signature)
     else:
         columns = request["inputs"]
-        only = signature.inputs[0].name if len(specs) == 1 else None
-        if only is not None and not (isinstance(columns, dict) and set(columns) == {only}):
-            columns = {only: columns}
-        if not isinstance(columns, dict) or set(columns) != set(specs):
-            given = ", ".join(sorted(columns)) if isinstance(columns, dict) else type(columns).__name__
-            raise BadRequestError(f"'inputs' must be an object with the inputs {', '.join(specs)}; got {given}")
-    arrays = {name: _to_array(columns[name], specs[name]) for name in specs}
+        single = len(signature.inputs) == 1
+        if single and not (isinstance(columns, dict) and set(columns) != {"b64"}):
+            columns = {signature.inputs[0].name: columns}
+        if not isinstance(columns, dict):
+            names = ", ".join(spec.name for spec in signature.inputs)
+            raise BadRequestError(f"'inputs' must be an object with the inputs {names}")
+    arrays = {name: _to_array(value, graph.spec(name, "input")) for name, value in columns.items()}
+    check_model_inputs(arrays, graph)
     check_batch_sizes(arrays)
-    return PredictRequest(arrays, is_row_format="instances" in request)
+    outputs = _output_filter(request.get("output_filter"), graph)
+    return PredictRequest(arrays, outputs, is_row_format="instances" in request)
 
 
 def _jsonable(array: Array) -> Any:

@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 from layerserve.errors import BadRequestError
-from layerserve.model import Signature
+from layerserve.layers import LayerGraph
 from layerserve.tensors import (
     Array,
     array_from_json,
@@ -114,18 +114,16 @@ def _decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str)
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
 
 
-def _decode_input(item: Any, binary: bytes, offset: int, signature: Signature) -> tuple[str, Array, int]:
+def _decode_input(item: Any, binary: bytes, offset: int, graph: LayerGraph) -> tuple[str, Array, int]:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise BadRequestError("each entry of 'inputs' must be an object with a string 'name'")
     name = item["name"]
     what = f"input '{name}'"
-    specs = {spec.name: spec for spec in signature.inputs}
-    if name not in specs:
-        raise BadRequestError(f"unknown input '{name}'; the model's inputs are: {', '.join(specs)}")
+    spec = graph.spec(name, "input")
     shape = parse_shape(item.get("shape"), what)
     datatype = item.get("datatype")
     dtype = dtype_of(datatype, what)
-    check_against_spec(specs[name], str(datatype), shape)
+    check_against_spec(spec, str(datatype), shape)
     size = _parameters(item, what).get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0 or offset + size > len(binary):
@@ -136,18 +134,16 @@ def _decode_input(item: Any, binary: bytes, offset: int, signature: Signature) -
     return name, reshape_checked(array_from_json(item["data"], dtype, what), shape, what), offset
 
 
-def _requested_outputs(raw: Any, signature: Signature) -> tuple[RequestedOutput, ...]:
+def _requested_outputs(raw: Any, graph: LayerGraph) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise BadRequestError("'outputs' must be a list of objects with a 'name'")
-    known = [spec.name for spec in signature.outputs]
     requested = []
     for item in raw:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise BadRequestError("each entry of 'outputs' must be an object with a string 'name'")
-        if item["name"] not in known:
-            raise BadRequestError(f"unknown output '{item['name']}'; the model's outputs are: {', '.join(known)}")
+        graph.spec(item["name"], "output")
         binary = _parameters(item, f"output '{item['name']}'").get("binary_data")
         requested.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
     names = [output.name for output in requested]
@@ -156,8 +152,10 @@ def _requested_outputs(raw: Any, signature: Signature) -> tuple[RequestedOutput,
     return tuple(requested)
 
 
-def parse_infer_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
-    """Parse and validate a V2 infer request (JSON, or JSON + binary tensor data) against a signature.
+def parse_infer_request(body: bytes, header_length: str | None, graph: LayerGraph) -> InferRequest:
+    """Parse and validate a V2 infer request (JSON, or JSON + binary tensor data) against a version's graph.
+
+    Inputs and outputs may name any layer (cuts and layer outputs); with only model inputs, all are needed.
 
     Raises:
         BadRequestError: naming the bad field or input and what was expected.
@@ -170,22 +168,33 @@ def parse_infer_request(body: bytes, header_length: str | None, signature: Signa
     inputs: dict[str, Array] = {}
     offset = 0
     for item in raw_inputs:
-        name, array, offset = _decode_input(item, binary, offset, signature)
+        name, array, offset = _decode_input(item, binary, offset, graph)
         if name in inputs:
             raise BadRequestError(f"input '{name}' is given twice")
         inputs[name] = array
-    missing = [spec.name for spec in signature.inputs if spec.name not in inputs]
-    if missing:
-        raise BadRequestError(f"missing input(s): {', '.join(missing)}")
+    check_model_inputs(inputs, graph)
     check_batch_sizes(inputs)
     request_id = request.get("id")
     parameters = _parameters(request, "request")
     return InferRequest(
         id=None if request_id is None else str(request_id),
         inputs=inputs,
-        outputs=_requested_outputs(request.get("outputs"), signature),
+        outputs=_requested_outputs(request.get("outputs"), graph),
         binary_output=bool(parameters.get("binary_data_output", False)),
     )
+
+
+def check_model_inputs(inputs: dict[str, Array], graph: LayerGraph) -> None:
+    """A request that names only model inputs must give all of them (cuts are checked by the graph).
+
+    Raises:
+        BadRequestError: naming the missing inputs.
+    """
+    model_inputs = [spec.name for spec in graph.signature.inputs]
+    if set(inputs) <= set(model_inputs):
+        missing = [name for name in model_inputs if name not in inputs]
+        if missing:
+            raise BadRequestError(f"missing input(s): {', '.join(missing)}")
 
 
 def _encode_bytes_elements(array: Array) -> bytes:
