@@ -49,6 +49,20 @@ def build_lambda() -> Any:
     return keras.Model(x, keras.layers.Lambda(lambda t: t * 2, name="double")(x))
 
 
+def build_mobilenet() -> Any:
+    keras.utils.set_random_seed(11)
+    return keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35)
+
+
+def build_nested() -> Any:
+    """The transfer-learning shape: a MobileNetV2 base used as one layer of an outer model."""
+    keras.utils.set_random_seed(12)
+    base = keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35, include_top=False)
+    image = keras.Input((96, 96, 3), name="image")
+    pooled = keras.layers.GlobalAveragePooling2D(name="pool")(base(image))
+    return keras.Model(image, keras.layers.Dense(4, activation="softmax", name="head")(pooled), name="outer")
+
+
 def _save(model: Any, folder: Path, filename: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / filename
@@ -73,6 +87,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (repo / "corrupt" / "1").mkdir(parents=True)
     (repo / "corrupt" / "1" / "model.keras").write_bytes(b"PK\x03\x04 this is not a zip file")
     _save(build_mlp(5), repo / "misconfigured" / "1", "model.keras")
+    _save(build_mobilenet(), repo / "mobilenet" / "1", "model.keras")
+    _save(build_nested(), repo / "nested" / "1", "model.keras")
     (repo / "misconfigured" / "config.yaml").write_text("max_batch_sise: 8\n")
     return repo
 

@@ -29,7 +29,7 @@ def test_models_lists_versions_inputs_outputs_and_layers(repository: Path) -> No
     assert "  version 1: 7 layers" in lines
     assert "    input  tokens: INT32 [-1, 3]" in lines
     assert "    output probs: FP32 [-1, 5]" in lines
-    assert any(line.startswith("  version 1: FAILED: cannot load model.keras") for line in lines)
+    assert "  version 1: FAILED: model.keras is not a .keras archive (a zip file): corrupt or truncated" in lines
     assert "misconfigured  INVALID: " in "\n".join(lines)
 
 

@@ -162,6 +162,10 @@ class LayerGraph:
 
         if self.unavailable_reason:
             raise NotFoundError(f"layer outputs unavailable: {self.unavailable_reason}")
+        for name in inputs:
+            self.spec(name, "input")
+        for name in outputs:
+            self.spec(name, "output")
         given = [self._tensors[name] for name in inputs]
         wanted = [self._tensors[name] for name in outputs]
         missing = self._missing({id(t) for t in given}, wanted)

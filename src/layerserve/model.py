@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,8 @@ def load_model(path: Path, trust: bool) -> Any:
             return _wrap_saved_model(path)
         if path.suffix in (".h5", ".hdf5") and not trust:
             check_h5_safety(path)
+        if path.suffix == ".keras" and not zipfile.is_zipfile(path):
+            raise ModelLoadError(f"{path.name} is not a .keras archive (a zip file): corrupt or truncated")
         return keras.saving.load_model(path, compile=False, safe_mode=not trust)
     except ModelLoadError:
         raise

@@ -1,0 +1,44 @@
+"""CutCache: a new cut serves at once on Keras, then switches to a verified ONNX engine; bounded LRU."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from layerserve.cuts import CutCache
+from layerserve.layers import LayerGraph
+from layerserve.model import read_signature
+from layerserve.settings import Settings
+from tests.conftest import build_multi
+
+
+def test_cut_starts_on_keras_then_switches_to_onnx(tmp_path: Path) -> None:
+    model = build_multi()
+    graph = LayerGraph(read_signature(model), model)
+    exporter = ThreadPoolExecutor(1)
+    cache = CutCache(graph, "digest", Settings(engine_cache_dir=tmp_path), exporter)
+    cut = cache.get(("features", "tokens"), ("joined",))
+    assert cut.engine.name == "keras" and "while the ONNX export runs" in cut.engine_reason
+    features = np.ones((2, 4), np.float32)
+    tokens = np.zeros((2, 3), np.int32)
+    on_keras = cut.engine.run([features, tokens])[0]
+    exporter.shutdown(wait=True)  # the background export has finished
+    assert cut.engine.name == "onnx" and "verified" in cut.engine_reason
+    np.testing.assert_allclose(cut.engine.run([features, tokens])[0], on_keras, atol=1e-5)
+    assert cache.get(("features", "tokens"), ("joined",)) is cut
+    assert cache.describe() == [cut.to_dict()]
+
+
+def test_bounded_and_keras_only(tmp_path: Path) -> None:
+    model = build_multi()
+    graph = LayerGraph(read_signature(model), model)
+    settings = Settings(engine_cache_dir=tmp_path, engine="keras", max_cuts_per_version=2)
+    exporter = ThreadPoolExecutor(1)
+    cache = CutCache(graph, "digest", settings, exporter)
+    for output in ("embedding", "flat", "joined"):
+        assert cache.get(("features", "tokens"), (output,)).engine.name == "keras"
+    assert [c["outputs"] for c in cache.describe()] == [["flat"], ["joined"]]
+    exporter.shutdown(wait=True)
+    assert all(c["engine"] == "keras" for c in cache.describe())
