@@ -10,17 +10,11 @@ with closed-loop clients at each concurrency (one sample per request), and print
 from __future__ import annotations
 
 import argparse
-import http.client
 import os
-import subprocess
-import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import numpy as np
-import orjson
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -29,6 +23,7 @@ from layerserve.engine import probe_batch
 from layerserve.registry import ModelVersion
 from layerserve.repository import scan
 from layerserve.settings import Settings
+from loadgen import binary_request, drive, start_server
 
 
 def measure_in_process(version: ModelVersion, batch_sizes: list[int], seconds: float) -> dict[int, float]:
@@ -44,81 +39,6 @@ def measure_in_process(version: ModelVersion, batch_sizes: list[int], seconds: f
             calls += 1
         results[size] = calls * size / (time.perf_counter() - started)
     return results
-
-
-def _binary_request(version: ModelVersion) -> tuple[bytes, dict[str, str]]:
-    batch = probe_batch(version.signature.inputs, 1)
-    inputs = []
-    for spec, array in zip(version.signature.inputs, batch, strict=True):
-        parameters = {"binary_data_size": array.nbytes}
-        entry = {"name": spec.name, "shape": list(array.shape), "datatype": spec.datatype}
-        inputs.append({**entry, "parameters": parameters})
-    header = {
-        "inputs": inputs,
-        "parameters": {"binary_data_output": True},
-    }
-    raw = orjson.dumps(header)
-    headers = {"Inference-Header-Content-Length": str(len(raw)), "Content-Type": "application/octet-stream"}
-    return raw + b"".join(a.tobytes() for a in batch), headers
-
-
-def drive(port: int, path: str, body: bytes, headers: dict[str, str], clients: int, seconds: float) -> dict[str, float]:
-    """Closed-loop clients on keep-alive connections for `seconds`: req/s, p50, p99 and errors."""
-    latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    deadline = time.perf_counter() + seconds
-
-    def client() -> None:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        mine = []
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            connection.request("POST", path, body=body, headers=headers)
-            response = connection.getresponse()
-            response.read()
-            mine.append(time.perf_counter() - started)
-            if response.status != 200:
-                with lock:
-                    errors[0] += 1
-        connection.close()
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    ms = np.array(latencies) * 1000
-    return {
-        "req_s": len(latencies) / elapsed,
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "errors": errors[0],
-    }
-
-
-def start_server(repository: Path, cache: Path, port: int) -> subprocess.Popen[bytes]:
-    """`layerserve serve` in a subprocess; returns once it is ready."""
-    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
-    process = subprocess.Popen(
-        [*command, "--engine-cache-dir", str(cache), "--log-level", "warning"], stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            connection.request("GET", "/v2/health/ready")
-            if connection.getresponse().status == 200:
-                return process
-        except OSError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise TimeoutError("server did not become ready")
 
 
 def main() -> None:
@@ -140,7 +60,7 @@ def main() -> None:
     (spec,) = [s for s in scan(repository) if s.name == args.model]
     number, path = max(spec.versions.items())
     version = ModelVersion(spec.name, number, path, spec.config)
-    version.load(settings)
+    version.load(settings, ThreadPoolExecutor(1))
     print(f"model {args.model} version {number}: engine {version.engine_name} ({version.engine_reason})")
 
     ceiling = measure_in_process(version, args.batch_sizes, args.duration_s / 2)
@@ -152,7 +72,7 @@ def main() -> None:
 
     process = start_server(repository, work / "cache", args.port)
     try:
-        body, headers = _binary_request(version)
+        body, headers = binary_request(version.signature.inputs, [])
         path = f"/v2/models/{args.model}/infer"
         drive(args.port, path, body, headers, 1, 1.0)  # warm the connection path
         print(f"\n| concurrency | req/s | p50 ms | p99 ms | errors | served / in-process best (batch {best}) |")
