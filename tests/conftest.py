@@ -116,6 +116,16 @@ def server(settings: Settings) -> Iterator[LiveServer]:
     live.stop()
 
 
+@pytest.fixture(scope="session")
+def demo_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in demo repository, built once."""
+    from layerserve.demo import build_demo_repository
+
+    target = tmp_path_factory.mktemp("demo")
+    build_demo_repository(target)
+    return target
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A seeded random generator."""

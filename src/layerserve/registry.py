@@ -13,7 +13,15 @@ from typing import Any
 
 from layerserve.cuts import CutCache
 from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
-from layerserve.errors import LayerserveError, ModelLoadError, NotFoundError, NotReadyError
+from layerserve.errors import (
+    LayerserveError,
+    ModelLoadError,
+    NotFoundError,
+    NotReadyError,
+    UnsupportedMediaTypeError,
+)
+from layerserve.images import ImageSpec
+from layerserve.labels import load_labels
 from layerserve.layers import LayerGraph
 from layerserve.model import Signature, file_digest, find_model_file, load_model, read_signature
 from layerserve.repository import ModelSpec, scan
@@ -46,6 +54,8 @@ class ModelVersion:
     keras_model: Any = None
     engine: Engine | None = None
     cuts: CutCache | None = None
+    image: ImageSpec | None = None
+    labels: list[str] | None = None
     engine_reason: str = ""
     layer_count: int = 0
     load_seconds: float = 0.0
@@ -85,6 +95,7 @@ class ModelVersion:
         self.signature = read_signature(self.keras_model)
         self.graph = LayerGraph(self.signature, self.keras_model)
         self.layer_count = len(getattr(self.keras_model, "layers", []))
+        self._read_config()
         probe = probe_batch(self.signature.inputs, self.config.warmup_batch_size)
         engine_choice = self.config.engine or settings.engine
         choice = choose_engine(
@@ -101,6 +112,32 @@ class ModelVersion:
         cut_settings = settings.model_copy(update={"engine": engine_choice})
         self.cuts = CutCache(self.graph, digest, cut_settings, exporter)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
+
+    def _read_config(self) -> None:
+        """Image input and labels from config.yaml, checked against the signature."""
+        config = self.config
+        if config.classify_output is not None:
+            self.graph.spec(config.classify_output, "output")
+        if config.input == "image":
+            self.image = ImageSpec.for_input(self.signature.inputs[0], config)
+        self.labels = load_labels(self.path.parent, config.labels)
+
+    @property
+    def classify_output(self) -> str:
+        """The output whose scores /classify ranks."""
+        return self.config.classify_output or self.signature.outputs[0].name
+
+    def require_image(self) -> ImageSpec:
+        """The image spec of an image model.
+
+        Raises:
+            UnsupportedMediaTypeError: the model does not take images.
+        """
+        if self.image is None:
+            raise UnsupportedMediaTypeError(
+                f"model '{self.name}' does not take images (its config has no input: image)"
+            )
+        return self.image
 
     @property
     def engine_name(self) -> str:

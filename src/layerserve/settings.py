@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from layerserve.errors import ConfigError
 
 EngineChoice = Literal["auto", "onnx", "keras"]
+Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
 ENV_PREFIX = "LAYERSERVE_"
 
 
@@ -42,6 +43,13 @@ class Settings(BaseModel):
         32, ge=1, description="Cut sub-graphs (layer outputs, cut inputs) kept built per version (LRU)."
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
+    max_image_pixels: int = Field(
+        40_000_000, gt=0, description="Largest image (width x height) decoded; larger ones get 413."
+    )
+    decode_threads: int = Field(0, ge=0, description="Threads decoding and resizing images (0: one per core).")
+    feature_store_bytes: int = Field(
+        256 * 1024 * 1024, gt=0, description="Memory for feature vectors stored by id (least recently used dropped)."
+    )
     trust_models: bool = Field(
         False,
         description="Load models that contain Lambda layers or custom code (never for untrusted files).",
@@ -139,6 +147,20 @@ class ModelConfig(BaseModel):
         default_factory=lambda: VersionPolicy(latest=1), description="Which versions are loaded."
     )
     warmup_batch_size: int = Field(2, ge=1, description="Rows of the probe batch run before a version is READY.")
+    input: Literal["tensor", "image"] = Field(
+        "tensor", description="image: /classify, /features and V2 BYTES inputs take encoded images."
+    )
+    resize: Literal["center_crop", "squash", "pad"] = Field(
+        "center_crop", description="How an image meets the input size: crop the centre, stretch, or pad."
+    )
+    interpolation: Interpolation = Field("bilinear", description="Resampling filter used to resize images.")
+    preprocess: Literal["raw", "tf", "torch", "caffe"] = Field(
+        "raw", description="raw 0..255, tf -1..1, torch ImageNet mean/std, caffe BGR minus mean."
+    )
+    scale: float | None = Field(None, description="Explicit preprocessing x * scale + offset (replaces preprocess).")
+    offset: float = Field(0.0, description="Offset of the explicit preprocessing.")
+    labels: str | None = Field(None, description="'imagenet', or a file in the model folder: one label per line.")
+    classify_output: str | None = Field(None, description="Output holding class scores (default: the first).")
 
 
 def read_model_config(path: Path) -> ModelConfig:

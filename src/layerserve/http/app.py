@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -13,8 +15,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from layerserve.errors import LayerserveError
-from layerserve.http import layer_routes, tfserving_routes, v2_routes
+from layerserve.feature_store import FeatureStore
+from layerserve.http import image_routes, layer_routes, tfserving_routes, v2_routes
 from layerserve.http.bodies import JSONResponse
+from layerserve.images import ImageDecoder
 from layerserve.registry import ModelRegistry
 from layerserve.settings import Settings
 
@@ -41,6 +45,7 @@ async def _unexpected_error(request: Request, error: Exception) -> Response:
 def create_app(settings: Settings) -> Starlette:
     """The ASGI app serving `settings.model_repository`; models load in the background at start-up."""
     registry = ModelRegistry(settings)
+    decode_pool = ThreadPoolExecutor(settings.decode_threads or os.cpu_count(), thread_name_prefix="image-decoder")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -52,9 +57,10 @@ def create_app(settings: Settings) -> Starlette:
             loading.cancel()
             await asyncio.gather(loading, return_exceptions=True)
             registry.close()
+            decode_pool.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(
-        routes=[*v2_routes.routes, *layer_routes.routes, *tfserving_routes.routes],
+        routes=[*v2_routes.routes, *layer_routes.routes, *image_routes.routes, *tfserving_routes.routes],
         lifespan=lifespan,
         exception_handlers={
             LayerserveError: _layerserve_error,
@@ -64,4 +70,6 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.settings = settings
     app.state.registry = registry
+    app.state.decoder = ImageDecoder(decode_pool, settings.max_image_pixels)
+    app.state.features = FeatureStore(settings.feature_store_bytes)
     return app

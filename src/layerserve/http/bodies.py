@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import Response
 
-from layerserve.errors import BadRequestError, PayloadTooLargeError
+from layerserve.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from layerserve.images import IMAGE_MEDIA_TYPES
+
+_MAX_FORM_FILES = 256
+NPY_MEDIA_TYPE = "application/x-npy"
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -33,6 +40,22 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def npy_bytes(array: Any) -> bytes:
+    """An array in the `.npy` format (dtype and shape kept, never pickled)."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def wants_npy(request: Request) -> bool:
+    """Whether the client asked for `.npy` (Accept: application/x-npy)."""
+    return NPY_MEDIA_TYPE in request.headers.get("accept", "")
+
+
 class JSONResponse(Response):
     """A JSON answer encoded by orjson (numpy arrays allowed, text never ASCII-escaped)."""
 
@@ -41,3 +64,36 @@ class JSONResponse(Response):
     def render(self, content: Any) -> bytes:
         """Encode the content."""
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def read_images(request: Request, limit: int) -> list[bytes]:
+    """Encoded images from a raw image body or from the `image` fields of a multipart form.
+
+    Raises:
+        UnsupportedMediaTypeError: another content type, or a form without `image` files.
+        PayloadTooLargeError: the body exceeds the limit.
+    """
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await read_body(request, limit)
+    if media_type in IMAGE_MEDIA_TYPES:
+        return [body]
+    if media_type == "multipart/form-data":
+        return await _form_images(request, body)
+    expected = ", ".join(IMAGE_MEDIA_TYPES)
+    raise UnsupportedMediaTypeError(f"expected an image body ({expected}) or multipart/form-data, got {media_type!r}")
+
+
+async def _form_images(request: Request, body: bytes) -> list[bytes]:
+    async def stream() -> AsyncGenerator[bytes, None]:
+        yield body
+
+    try:
+        form = await MultiPartParser(request.headers, stream(), max_files=_MAX_FORM_FILES).parse()
+    except MultiPartException as error:
+        raise BadRequestError(f"malformed multipart body: {error.message}") from None
+    files = [item for item in form.getlist("image") if isinstance(item, UploadFile)]
+    if not files:
+        raise UnsupportedMediaTypeError("the multipart form has no 'image' file field")
+    images = [await item.read() for item in files]
+    await form.close()
+    return images

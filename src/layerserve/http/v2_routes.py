@@ -12,7 +12,7 @@ from layerserve.http.bodies import JSONResponse, read_body
 from layerserve.protocols import v2
 from layerserve.registry import ModelRegistry, ModelVersion
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "layer_outputs"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "layer_outputs"]
 
 
 def _registry(request: Request) -> ModelRegistry:
@@ -90,9 +90,11 @@ async def infer(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/infer (JSON or binary tensor data)."""
     body = await read_body(request, request.app.state.settings.max_body_bytes)
     version = _registry(request).get(request.path_params["model"], parse_version(request))
-    parsed = v2.parse_infer_request(body, request.headers.get(v2.HEADER_LENGTH), version.graph)
-    outputs = await version.predict(parsed.inputs, tuple(output.name for output in parsed.outputs))
-    content, header_length = v2.encode_infer_response(version.name, version.version, parsed, outputs)
+    encoded = version.image.input_name if version.image else None
+    parsed = v2.parse_infer_request(body, request.headers.get(v2.HEADER_LENGTH), version.graph, encoded)
+    inputs = await request.app.state.decoder.decode_inputs(parsed.inputs, version.image)
+    outputs = await version.predict(inputs, tuple(output.name for output in parsed.outputs))
+    content, header_length = v2.encode_infer_response(version.name, version.version, parsed, outputs, version.labels)
     if header_length is None:
         return Response(content, media_type="application/json")
     headers = {"Inference-Header-Content-Length": str(header_length)}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +13,7 @@ import numpy as np
 import orjson
 
 from layerserve.errors import BadRequestError
+from layerserve.labels import top_k
 from layerserve.layers import LayerGraph
 from layerserve.tensors import (
     Array,
@@ -28,10 +32,11 @@ _U32 = struct.Struct("<I")
 
 @dataclass(frozen=True)
 class RequestedOutput:
-    """An output the client asked for, and whether it wants it as binary data (None: request default)."""
+    """An output the client asked for: as binary data (None: request default), as top-k classes."""
 
     name: str
     binary: bool | None
+    classification: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,9 @@ def _decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str)
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
 
 
-def _decode_input(item: Any, binary: bytes, offset: int, graph: LayerGraph) -> tuple[str, Array, int]:
+def _decode_input(
+    item: Any, binary: bytes, offset: int, graph: LayerGraph, encoded_input: str | None
+) -> tuple[str, Array, int]:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise BadRequestError("each entry of 'inputs' must be an object with a string 'name'")
     name = item["name"]
@@ -123,7 +130,11 @@ def _decode_input(item: Any, binary: bytes, offset: int, graph: LayerGraph) -> t
     shape = parse_shape(item.get("shape"), what)
     datatype = item.get("datatype")
     dtype = dtype_of(datatype, what)
-    check_against_spec(spec, str(datatype), shape)
+    if name == encoded_input and datatype == "BYTES":
+        if len(shape) not in (1, 2) or shape[0] < 1 or math.prod(shape) != shape[0]:
+            raise BadRequestError(f"{what}: encoded images need shape [N] or [N, 1], got {list(shape)}")
+    else:
+        check_against_spec(spec, str(datatype), shape)
     size = _parameters(item, what).get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0 or offset + size > len(binary):
@@ -131,7 +142,21 @@ def _decode_input(item: Any, binary: bytes, offset: int, graph: LayerGraph) -> t
         return name, _decode_binary(binary[offset : offset + size], str(datatype), shape, what), offset + size
     if "data" not in item:
         raise BadRequestError(f"{what}: needs 'data' or a binary_data_size parameter")
-    return name, reshape_checked(array_from_json(item["data"], dtype, what), shape, what), offset
+    array = reshape_checked(array_from_json(item["data"], dtype, what), shape, what)
+    if name == encoded_input and datatype == "BYTES":
+        array = _base64_elements(array, what)
+    return name, array, offset
+
+
+def _base64_elements(array: Array, what: str) -> Array:
+    """JSON cannot carry raw bytes: encoded images in JSON data are base64 strings."""
+    decoded = np.empty(array.shape, dtype=object)
+    try:
+        for index, element in np.ndenumerate(array):
+            decoded[index] = base64.b64decode(element, validate=True)
+    except binascii.Error:
+        raise BadRequestError(f"{what}: encoded images in JSON data must be base64 strings") from None
+    return decoded
 
 
 def _requested_outputs(raw: Any, graph: LayerGraph) -> tuple[RequestedOutput, ...]:
@@ -144,18 +169,25 @@ def _requested_outputs(raw: Any, graph: LayerGraph) -> tuple[RequestedOutput, ..
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise BadRequestError("each entry of 'outputs' must be an object with a string 'name'")
         graph.spec(item["name"], "output")
-        binary = _parameters(item, f"output '{item['name']}'").get("binary_data")
-        requested.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+        parameters = _parameters(item, f"output '{item['name']}'")
+        binary = parameters.get("binary_data")
+        classes = parameters.get("classification")
+        if classes is not None and (type(classes) is not int or classes < 1):
+            raise BadRequestError(f"output '{item['name']}': classification must be a positive integer")
+        requested.append(RequestedOutput(item["name"], None if binary is None else bool(binary), classes))
     names = [output.name for output in requested]
     if len(set(names)) != len(names):
         raise BadRequestError(f"output names must be unique, got {names}")
     return tuple(requested)
 
 
-def parse_infer_request(body: bytes, header_length: str | None, graph: LayerGraph) -> InferRequest:
+def parse_infer_request(
+    body: bytes, header_length: str | None, graph: LayerGraph, encoded_input: str | None = None
+) -> InferRequest:
     """Parse and validate a V2 infer request (JSON, or JSON + binary tensor data) against a version's graph.
 
     Inputs and outputs may name any layer (cuts and layer outputs); with only model inputs, all are needed.
+    `encoded_input` (an image model's input) may also come as BYTES: encoded images, base64 in JSON.
 
     Raises:
         BadRequestError: naming the bad field or input and what was expected.
@@ -168,7 +200,7 @@ def parse_infer_request(body: bytes, header_length: str | None, graph: LayerGrap
     inputs: dict[str, Array] = {}
     offset = 0
     for item in raw_inputs:
-        name, array, offset = _decode_input(item, binary, offset, graph)
+        name, array, offset = _decode_input(item, binary, offset, graph, encoded_input)
         if name in inputs:
             raise BadRequestError(f"input '{name}' is given twice")
         inputs[name] = array
@@ -212,14 +244,30 @@ def _json_data(array: Array) -> Any:
     return np.ascontiguousarray(array.reshape(-1))
 
 
+def classification_strings(scores: Array, labels: list[str] | None, k: int) -> Array:
+    """The classification extension's BYTES tensor: per row, the k best as `score:index[:label]`."""
+    rows = []
+    for row in top_k(scores, labels, k):
+        rows.append([f"{c['score']:f}:{c['index']}" + (f":{c['label']}" if labels else "") for c in row])
+    strings = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)
+    strings[:] = [[text.encode("utf-8") for text in row] for row in rows]
+    return strings
+
+
 def encode_infer_response(
-    model_name: str, model_version: int, request: InferRequest, outputs: dict[str, Array]
+    model_name: str,
+    model_version: int,
+    request: InferRequest,
+    outputs: dict[str, Array],
+    labels: list[str] | None = None,
 ) -> tuple[bytes, int | None]:
     """Encode a V2 response; returns the body and the JSON header's length when binary data follows."""
     requested = request.outputs or tuple(RequestedOutput(name, None) for name in outputs)
     entries, tails = [], []
     for wanted in requested:
         array = outputs[wanted.name]
+        if wanted.classification is not None:
+            array = classification_strings(array, labels, wanted.classification)
         entry: dict[str, Any] = {
             "name": wanted.name,
             "datatype": datatype_of(array.dtype),

@@ -1,0 +1,95 @@
+"""Images in: /classify (top-k labels) and /features (any layer, pooled), and stored features by id."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from layerserve.errors import BadRequestError
+from layerserve.feature_store import FeatureStore, StoredFeature, check_ids
+from layerserve.http.bodies import NPY_MEDIA_TYPE, JSONResponse, npy_bytes, read_images, wants_npy
+from layerserve.http.v2_routes import parse_version
+from layerserve.images import ImageDecoder
+from layerserve.labels import top_k
+from layerserve.pooling import POOLS, pool_features
+from layerserve.registry import ModelRegistry
+
+
+def _query_int(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadRequestError(f"query '{name}' must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+async def classify(request: Request) -> Response:
+    """POST /v2/models/{model}[/versions/{version}]/classify: images in, top-k labels out."""
+    registry: ModelRegistry = request.app.state.registry
+    decoder: ImageDecoder = request.app.state.decoder
+    version = registry.get(request.path_params["model"], parse_version(request))
+    spec = version.require_image()
+    k = _query_int(request, "top_k", 5)
+    batch = await decoder.decode_batch(await read_images(request, request.app.state.settings.max_body_bytes), spec)
+    scores = (await version.predict({spec.input_name: batch}, (version.classify_output,)))[version.classify_output]
+    return JSONResponse(
+        {
+            "model_name": version.name,
+            "model_version": str(version.version),
+            "predictions": top_k(scores, version.labels, k),
+        }
+    )
+
+
+async def features(request: Request) -> Response:
+    """POST /v2/models/{model}[/versions/{version}]/features?layer=L[&pool=avg][&ids=a,b]: vectors out."""
+    registry: ModelRegistry = request.app.state.registry
+    decoder: ImageDecoder = request.app.state.decoder
+    store: FeatureStore = request.app.state.features
+    version = registry.get(request.path_params["model"], parse_version(request))
+    spec = version.require_image()
+    layer = request.query_params.get("layer")
+    if not layer:
+        raise BadRequestError("query 'layer' is required: the layer whose output is the feature vector")
+    version.graph.spec(layer, "output")
+    pool = request.query_params.get("pool")
+    if pool is not None and pool not in POOLS:
+        raise BadRequestError(f"query 'pool' must be one of {', '.join(POOLS)}, got {pool!r}")
+    payloads = await read_images(request, request.app.state.settings.max_body_bytes)
+    ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
+    if ids:
+        check_ids(ids, len(payloads))
+    batch = await decoder.decode_batch(payloads, spec)
+    vectors = pool_features((await version.predict({spec.input_name: batch}, (layer,)))[layer], pool)
+    for feature_id, vector in zip(ids, vectors, strict=False):
+        store.put(version.name, StoredFeature(feature_id, version.version, layer, vector))
+    if wants_npy(request):
+        return Response(npy_bytes(vectors), media_type=NPY_MEDIA_TYPE)
+    return JSONResponse(
+        {"model_name": version.name, "model_version": str(version.version), "layer": layer,
+         "datatype": str(vectors.dtype), "shape": list(vectors.shape), "features": vectors}
+    )  # fmt: skip
+
+
+async def stored_feature(request: Request) -> Response:
+    """GET /v2/models/{model}/features/{id}: a stored vector, JSON or .npy."""
+    store: FeatureStore = request.app.state.features
+    feature = store.get(request.path_params["model"], request.path_params["feature_id"])
+    if wants_npy(request):
+        return Response(npy_bytes(feature.array), media_type=NPY_MEDIA_TYPE)
+    return JSONResponse(
+        {"id": feature.id, "model_version": str(feature.model_version), "layer": feature.layer,
+         "datatype": str(feature.array.dtype), "shape": list(feature.array.shape), "data": feature.array}
+    )  # fmt: skip
+
+
+_MODEL = "/v2/models/{model}"
+_VERSION = "/v2/models/{model}/versions/{version}"
+
+routes = [
+    *(Route(f"{prefix}/classify", classify, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
+    *(Route(f"{prefix}/features", features, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
+    Route("/v2/models/{model}/features/{feature_id}", stored_feature, methods=["GET"]),
+]

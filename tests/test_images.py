@@ -1,0 +1,106 @@
+"""Image decoding, resizing and preprocessing against independent references (keras.applications)."""
+
+from __future__ import annotations
+
+import io
+
+import keras
+import numpy as np
+import pytest
+from PIL import Image
+
+from layerserve.errors import PayloadTooLargeError
+from layerserve.images import ImageSpec, UnprocessableImageError, decode, load_one, preprocess
+from layerserve.labels import imagenet_labels, top_k
+from layerserve.pooling import pool_features
+from layerserve.settings import ModelConfig
+from layerserve.tensors import TensorSpec
+
+
+def spec_for(height: int, width: int, channels: int = 3, **config: object) -> ImageSpec:
+    return ImageSpec.for_input(TensorSpec("image", "FP32", (-1, height, width, channels)), ModelConfig(**config))
+
+
+def encode(image: Image.Image, fmt: str, **options: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("mode", ["tf", "torch", "caffe"])
+def test_preprocess_modes_match_keras_applications(mode: str) -> None:
+    pixels = np.random.default_rng(0).uniform(0, 255, (4, 4, 3)).astype(np.float32)
+    expected = keras.applications.imagenet_utils.preprocess_input(pixels.copy(), mode=mode)
+    got = preprocess(pixels, spec_for(4, 4, preprocess=mode))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_explicit_scale_and_offset() -> None:
+    pixels = np.full((2, 2, 1), 255.0, np.float32)
+    got = preprocess(pixels, spec_for(2, 2, 1, scale=1 / 255, offset=-0.5, preprocess="caffe"))
+    np.testing.assert_allclose(got, 0.5)
+
+
+def test_resize_modes() -> None:
+    wide = Image.new("RGB", (40, 20), (255, 0, 0))
+    wide.paste((0, 0, 255), (0, 0, 10, 20))  # a blue band at the left edge
+    raw = encode(wide, "PNG")
+    cropped = load_one(raw, spec_for(10, 10, resize="center_crop", interpolation="nearest"), 10**6)
+    assert cropped[..., 0].min() == 255  # the centre crop drops the blue band
+    squashed = load_one(raw, spec_for(10, 10, resize="squash", interpolation="nearest"), 10**6)
+    assert squashed[5, 0, 2] == 255 and squashed[5, 9, 0] == 255
+    padded = load_one(raw, spec_for(10, 10, resize="pad", interpolation="nearest"), 10**6)
+    assert padded[0, 5].tolist() == [0, 0, 0] and padded[5, 5, 0] == 255  # black bars above and below
+
+
+def test_exif_orientation_is_applied() -> None:
+    upright = Image.new("RGB", (20, 10), (0, 0, 0))
+    upright.paste((255, 255, 255), (0, 0, 5, 10))  # white on the left
+    stored = upright.rotate(90, expand=True)  # stored turned 90 degrees counter-clockwise
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    raw = encode(stored, "PNG", exif=exif)
+    got = load_one(raw, spec_for(10, 20, resize="squash", interpolation="nearest"), 10**6)
+    assert got.shape == (10, 20, 3)
+    assert got[5, 1, 0] == 255 and got[5, 18, 0] == 0
+
+
+def test_grayscale_gif_first_frame_and_jpeg() -> None:
+    frames = [Image.new("L", (8, 8), 200), Image.new("L", (8, 8), 10)]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    got = load_one(buffer.getvalue(), spec_for(8, 8, 1), 10**6)
+    assert got.shape == (8, 8, 1) and abs(float(got.mean()) - 200) < 2
+    photo = Image.new("RGB", (640, 480), (30, 120, 200))
+    got = load_one(encode(photo, "JPEG", quality=95), spec_for(64, 64), 10**6)
+    np.testing.assert_allclose(got.mean(axis=(0, 1)), [30, 120, 200], atol=3)
+
+
+def test_bad_images() -> None:
+    with pytest.raises(UnprocessableImageError, match="empty"):
+        decode(b"", 10**6)
+    with pytest.raises(UnprocessableImageError, match="not a decodable image"):
+        decode(b"GIF89a not really", 10**6)
+    truncated = encode(Image.new("RGB", (64, 64), (1, 2, 3)), "PNG")[:60]
+    with pytest.raises(UnprocessableImageError):
+        load_one(truncated, spec_for(8, 8), 10**6)
+    with pytest.raises(PayloadTooLargeError, match="over the limit of 100 pixels"):
+        decode(encode(Image.new("RGB", (20, 20)), "PNG"), 100)
+
+
+def test_labels_and_top_k() -> None:
+    names = imagenet_labels()
+    assert len(names) == 1000 and names[285] == "Egyptian cat" and names[281] == "tabby"
+    scores = np.array([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3]], np.float32)
+    best = top_k(scores, ["a", "b", "c"], 2)
+    assert [[c["label"] for c in row] for row in best] == [["b", "c"], ["a", "c"]]
+    assert best[0][0] == {"label": "b", "index": 1, "score": pytest.approx(0.7)}
+
+
+def test_pooling() -> None:
+    maps = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
+    np.testing.assert_allclose(pool_features(maps, None), maps.mean(axis=(1, 2)))
+    np.testing.assert_allclose(pool_features(maps, "max"), maps.max(axis=(1, 2)))
+    assert pool_features(maps, "none").shape == (1, 2, 3, 4)
+    vectors = np.ones((3, 5), np.float32)
+    assert pool_features(vectors, None).shape == (3, 5)
