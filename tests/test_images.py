@@ -104,3 +104,13 @@ def test_pooling() -> None:
     assert pool_features(maps, "none").shape == (1, 2, 3, 4)
     vectors = np.ones((3, 5), np.float32)
     assert pool_features(vectors, None).shape == (3, 5)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "BMP", "GIF"])
+def test_every_accepted_format_decodes(fmt: str) -> None:
+    colour = (200, 40, 90)
+    image = Image.new("RGB", (32, 24), colour)
+    options: dict[str, object] = {"quality": 95} if fmt in ("JPEG", "WEBP") else {}
+    got = load_one(encode(image, fmt, **options), spec_for(16, 16), 10**6)
+    tolerance = 20 if fmt == "GIF" else 4  # GIF's 256-colour palette
+    np.testing.assert_allclose(got.mean(axis=(0, 1)), colour, atol=tolerance)
