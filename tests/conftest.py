@@ -130,3 +130,9 @@ def demo_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def rng() -> np.random.Generator:
     """A seeded random generator."""
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio (anyio's pytest plugin)."""
+    return "asyncio"

@@ -51,3 +51,15 @@ class ConfigError(LayerserveError):
     """A settings value or a model's config.yaml is invalid."""
 
     status_code = 400
+
+
+class QueueFullError(LayerserveError):
+    """The version's queue holds `max_queue_size` requests already (503, with Retry-After)."""
+
+    status_code = 503
+
+
+class DeadlineExceededError(LayerserveError):
+    """The request's deadline passed before its answer was ready (504)."""
+
+    status_code = 504

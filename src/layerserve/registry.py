@@ -11,6 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from layerserve.batcher import Batcher, QueueBudget
 from layerserve.cuts import CutCache
 from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
 from layerserve.errors import (
@@ -29,6 +30,8 @@ from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
 
 log = logging.getLogger(__name__)
+
+_MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
 
 
 class VersionState(StrEnum):
@@ -60,6 +63,11 @@ class ModelVersion:
     layer_count: int = 0
     load_seconds: float = 0.0
     _thread: ThreadPoolExecutor | None = None
+    _batchers: dict[tuple[object, ...], Batcher] = field(default_factory=dict)
+    _budget: QueueBudget = field(default_factory=lambda: QueueBudget(1))
+    _max_batch_size: int = 1
+    _max_delay_s: float = 0.0
+    _timeout_ms: int = 0
 
     @property
     def is_ready(self) -> bool:
@@ -109,9 +117,27 @@ class ModelVersion:
         )
         choice.engine.run(probe)  # warm-up: the first request must not pay for lazy initialisation
         self.engine, self.engine_reason = choice.engine, choice.reason
+        self._configure_batching(settings)
         cut_settings = settings.model_copy(update={"engine": engine_choice})
         self.cuts = CutCache(self.graph, digest, cut_settings, exporter)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
+
+    def _configure_batching(self, settings: Settings) -> None:
+        config = self.config
+        is_batchable = all(spec.shape and spec.shape[0] == -1 for spec in self.signature.inputs)
+        self._max_batch_size = (config.max_batch_size or settings.max_batch_size) if is_batchable else 1
+        self._max_delay_s = (settings.max_delay_ms if config.max_delay_ms is None else config.max_delay_ms) / 1000
+        self._budget = QueueBudget(config.max_queue_size or settings.max_queue_size)
+        self._timeout_ms = settings.request_timeout_ms
+
+    def batching(self) -> dict[str, object]:
+        """The batching settings in force, for metadata."""
+        return {
+            "max_batch_size": self._max_batch_size,
+            "max_delay_ms": self._max_delay_s * 1000,
+            "max_queue_size": self._budget.limit,
+            "queued": self._budget.queued,
+        }
 
     def _read_config(self) -> None:
         """Image input and labels from config.yaml, checked against the signature."""
@@ -144,20 +170,43 @@ class ModelVersion:
         """`onnx` or `keras` once loaded, else empty."""
         return self.engine.name if self.engine else ""
 
-    async def predict(self, inputs: dict[str, Array], outputs: tuple[str, ...] = ()) -> dict[str, Array]:
-        """Run one request on the model thread: named tensors in (model inputs or cut layers), named out.
+    async def predict(
+        self, inputs: dict[str, Array], outputs: tuple[str, ...] = (), timeout_ms: int | None = None
+    ) -> dict[str, Array]:
+        """Run one request through its batcher: named tensors in (model inputs or cut layers), named out.
 
         With no `outputs`, the model's outputs are returned.
 
         Raises:
             NotReadyError: the version is not READY.
+            QueueFullError: too many requests wait already (503).
+            DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
             BadRequestError: a cut whose outputs need a tensor the request does not give.
         """
         if self._thread is None:
             raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
         wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._run, inputs, wanted)
+        names = tuple(sorted(inputs))
+        arrays = [inputs[name] for name in names]
+        key = (names, wanted, tuple((a.shape[1:], a.dtype.str) for a in arrays))
+        batcher = self._batchers.get(key) or self._new_batcher(key, names, wanted)
+        deadline = time.perf_counter() + (timeout_ms or self._timeout_ms) / 1000
+        results = await batcher.submit(arrays, deadline)
+        return dict(zip(wanted, results, strict=True))
+
+    def _new_batcher(self, key: tuple[object, ...], names: tuple[str, ...], wanted: tuple[str, ...]) -> Batcher:
+        if len(self._batchers) >= _MAX_BATCHERS:
+            self._batchers = {k: b for k, b in self._batchers.items() if not b.is_idle}
+
+        def run(arrays: list[Array]) -> list[Array]:
+            results = self._run(dict(zip(names, arrays, strict=True)), wanted)
+            return [results[name] for name in wanted]
+
+        assert self._thread is not None
+        labels = (self.name, str(self.version))
+        batcher = Batcher(run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, labels)
+        self._batchers[key] = batcher
+        return batcher
 
     def _run(self, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
         """On the model thread: the full model's engine, or the cut for these names."""

@@ -42,6 +42,16 @@ class Settings(BaseModel):
     max_cuts_per_version: int = Field(
         32, ge=1, description="Cut sub-graphs (layer outputs, cut inputs) kept built per version (LRU)."
     )
+    max_batch_size: int = Field(
+        16, ge=1, description="Default largest batch a batcher sends (models without a free batch dim: 1)."
+    )
+    max_delay_ms: float = Field(
+        0.0, ge=0, description="Default wait for a fuller batch once the model is free (0: send at once)."
+    )
+    max_queue_size: int = Field(256, ge=1, description="Default requests waiting per version; beyond it, 503.")
+    request_timeout_ms: int = Field(
+        30_000, ge=1, description="Default deadline of a request; past it, 504 (request parameter timeout_ms)."
+    )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
     max_image_pixels: int = Field(
         40_000_000, gt=0, description="Largest image (width x height) decoded; larger ones get 413."
@@ -147,6 +157,9 @@ class ModelConfig(BaseModel):
         default_factory=lambda: VersionPolicy(latest=1), description="Which versions are loaded."
     )
     warmup_batch_size: int = Field(2, ge=1, description="Rows of the probe batch run before a version is READY.")
+    max_batch_size: int | None = Field(None, ge=1, description="Largest batch (default: the server's).")
+    max_delay_ms: float | None = Field(None, ge=0, description="Wait for a fuller batch (default: the server's).")
+    max_queue_size: int | None = Field(None, ge=1, description="Requests waiting (default: the server's).")
     input: Literal["tensor", "image"] = Field(
         "tensor", description="image: /classify, /features and V2 BYTES inputs take encoded images."
     )

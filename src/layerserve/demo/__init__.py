@@ -19,6 +19,7 @@ resize: center_crop
 interpolation: bilinear
 preprocess: raw
 labels: imagenet
+max_batch_size: 8
 """
 
 EMOTION_CONFIG = """\

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from layerserve.errors import LayerserveError
 from layerserve.feature_store import FeatureStore
-from layerserve.http import image_routes, layer_routes, tfserving_routes, v2_routes
+from layerserve.http import image_routes, layer_routes, metrics_routes, tfserving_routes, v2_routes
 from layerserve.http.bodies import JSONResponse
 from layerserve.images import ImageDecoder
 from layerserve.registry import ModelRegistry
@@ -60,7 +60,13 @@ def create_app(settings: Settings) -> Starlette:
             decode_pool.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(
-        routes=[*v2_routes.routes, *layer_routes.routes, *image_routes.routes, *tfserving_routes.routes],
+        routes=[
+            *v2_routes.routes,
+            *layer_routes.routes,
+            *image_routes.routes,
+            *tfserving_routes.routes,
+            *metrics_routes.routes,
+        ],
         lifespan=lifespan,
         exception_handlers={
             LayerserveError: _layerserve_error,

@@ -47,6 +47,7 @@ class InferRequest:
     inputs: dict[str, Array]
     outputs: tuple[RequestedOutput, ...]
     binary_output: bool
+    timeout_ms: int | None = None
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -213,7 +214,15 @@ def parse_infer_request(
         inputs=inputs,
         outputs=_requested_outputs(request.get("outputs"), graph),
         binary_output=bool(parameters.get("binary_data_output", False)),
+        timeout_ms=_timeout_ms(parameters),
     )
+
+
+def _timeout_ms(parameters: dict[str, Any]) -> int | None:
+    timeout = parameters.get("timeout_ms")
+    if timeout is not None and (type(timeout) is not int or timeout < 1):
+        raise BadRequestError(f"parameter timeout_ms must be a positive integer (milliseconds), got {timeout!r}")
+    return timeout
 
 
 def check_model_inputs(inputs: dict[str, Array], graph: LayerGraph) -> None:

@@ -1,0 +1,166 @@
+"""Batcher: merges concurrent requests for one version and input/output set into one model call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layerserve import metrics
+from layerserve.errors import DeadlineExceededError, LayerserveError, QueueFullError
+from layerserve.tensors import Array
+
+RunBatch = Callable[[list[Array]], list[Array]]
+
+
+@dataclass
+class QueueBudget:
+    """How many requests may wait for one version, across all its batchers."""
+
+    limit: int
+    queued: int = 0
+
+
+@dataclass
+class _Pending:
+    arrays: list[Array]
+    rows: int
+    future: asyncio.Future[list[Array]]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Concatenates queued requests along the batch axis up to `max_batch_size` rows per model call.
+
+    A batch is sent when the model thread is free and either the queue holds a full batch or the
+    oldest request has waited `max_delay_s` (0: at once). A request larger than `max_batch_size`
+    runs alone. Every caller gets exactly its own rows back, or the error of its batch.
+    """
+
+    def __init__(
+        self,
+        run: RunBatch,
+        thread: Executor,
+        max_batch_size: int,
+        max_delay_s: float,
+        budget: QueueBudget,
+        labels: tuple[str, str],
+    ) -> None:
+        self._run = run
+        self._thread = thread
+        self._max_batch_size = max(1, max_batch_size)
+        self._max_delay_s = max_delay_s
+        self._budget = budget
+        self._labels = labels
+        self._queue: deque[_Pending] = deque()
+        self._rows = 0
+        self._full = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def is_idle(self) -> bool:
+        """Whether nothing is queued or running (the batcher can be dropped)."""
+        return self._task is None
+
+    async def submit(self, arrays: list[Array], deadline: float | None) -> list[Array]:
+        """Queue one request's arrays (same first dimension) and wait for its rows of the outputs.
+
+        Raises:
+            QueueFullError: the version's queue is full (503).
+            DeadlineExceededError: the deadline (a `time.perf_counter` value) passed first (504).
+        """
+        if self._budget.queued >= self._budget.limit:
+            raise QueueFullError(f"the queue of model {self._labels[0]} is full ({self._budget.limit} requests)")
+        pending = _Pending(arrays, arrays[0].shape[0], asyncio.get_running_loop().create_future())
+        self._queue.append(pending)
+        self._budget.queued += 1
+        self._rows += pending.rows
+        if self._rows >= self._max_batch_size:
+            self._full.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._serve())
+        timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout)
+        except TimeoutError:
+            pending.future.cancel()
+            raise DeadlineExceededError(
+                f"request timed out after waiting {time.perf_counter() - pending.enqueued:.3f} s"
+            ) from None
+
+    async def _serve(self) -> None:
+        try:
+            while self._queue:
+                await self._wait_for_batch()
+                batch = self._take()
+                if batch:
+                    await self._compute(batch)
+        finally:
+            self._task = None
+
+    async def _wait_for_batch(self) -> None:
+        waited = time.perf_counter() - self._queue[0].enqueued
+        if self._rows < self._max_batch_size and waited < self._max_delay_s:
+            self._full.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self._max_delay_s - waited)
+
+    def _take(self) -> list[_Pending]:
+        """Pop queued requests up to a full batch, skipping those whose caller gave up."""
+        batch: list[_Pending] = []
+        rows = 0
+        while self._queue:
+            head = self._queue[0]
+            if head.future.done():  # the caller timed out: never computed
+                self._pop()
+                continue
+            if batch and rows + head.rows > self._max_batch_size:
+                break
+            batch.append(self._pop())
+            rows += head.rows
+        return batch
+
+    def _pop(self) -> _Pending:
+        pending = self._queue.popleft()
+        self._budget.queued -= 1
+        self._rows -= pending.rows
+        return pending
+
+    async def _compute(self, batch: list[_Pending]) -> None:
+        started = time.perf_counter()
+        for pending in batch:
+            metrics.QUEUE_SECONDS.labels(*self._labels).observe(started - pending.enqueued)
+        sizes = [p.rows for p in batch]
+        metrics.BATCH_SIZE.labels(*self._labels).observe(sum(sizes))
+        joined = [np.concatenate(parts) for parts in zip(*(p.arrays for p in batch), strict=True)]
+        loop = asyncio.get_running_loop()
+        try:
+            outputs = await loop.run_in_executor(self._thread, self._run, joined if len(batch) > 1 else batch[0].arrays)
+            split = _split(outputs, sizes)
+        except Exception as error:  # every caller of the batch gets the same error
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            return
+        finally:
+            metrics.COMPUTE_SECONDS.labels(*self._labels).observe(time.perf_counter() - started)
+        for pending, rows in zip(batch, split, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(rows)
+
+
+def _split(outputs: list[Array], sizes: list[int]) -> list[list[Array]]:
+    """Cut each output back into the callers' rows."""
+    total = sum(sizes)
+    for output in outputs:
+        if output.ndim == 0 or output.shape[0] != total:
+            raise LayerserveError(f"an output has shape {list(output.shape)} for a batch of {total} rows")
+    bounds = np.cumsum(sizes)[:-1]
+    per_output = [np.split(output, bounds) for output in outputs]
+    return [list(parts) for parts in zip(*per_output, strict=True)]

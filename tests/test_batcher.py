@@ -1,0 +1,146 @@
+"""The batcher, driven deterministically: merging, full batches, oversize requests, errors, 503, 504."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from layerserve.batcher import Batcher, QueueBudget
+from layerserve.errors import DeadlineExceededError, LayerserveError, QueueFullError
+from layerserve.tensors import Array
+
+pytestmark = pytest.mark.anyio
+
+
+class GatedModel:
+    """Doubles its input; each call records its batch size and waits for `gate` when one is set."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.gate = gate
+        self.calls: list[int] = []
+        self.started = threading.Event()
+
+    def __call__(self, arrays: list[Array]) -> list[Array]:
+        self.calls.append(arrays[0].shape[0])
+        self.started.set()
+        if self.gate is not None:
+            self.gate.wait(timeout=30)
+        return [arrays[0] * 2, arrays[0].sum(axis=1)]
+
+
+def rows(start: int, count: int) -> list[Array]:
+    return [np.arange(start, start + count * 3, dtype=np.float32).reshape(count, 3)]
+
+
+def batcher(model: GatedModel, max_batch: int = 8, delay_s: float = 0.0, queue: int = 100) -> Batcher:
+    return Batcher(model, ThreadPoolExecutor(1), max_batch, delay_s, QueueBudget(queue), ("m", "1"))
+
+
+async def started(model: GatedModel) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 30)
+
+
+def check(result: list[Array], sent: list[Array]) -> None:
+    np.testing.assert_array_equal(result[0], sent[0] * 2)
+    np.testing.assert_array_equal(result[1], sent[0].sum(axis=1))
+
+
+async def test_concurrent_requests_share_one_call_and_get_their_own_rows() -> None:
+    model = GatedModel()
+    merger = batcher(model)
+    sent = [rows(100 * i, n) for i, n in enumerate([1, 3, 2])]
+    results = await asyncio.gather(*(merger.submit(s, None) for s in sent))
+    assert model.calls == [6]
+    for result, arrays in zip(results, sent, strict=True):
+        check(result, arrays)
+
+
+async def test_requests_queued_while_busy_form_the_next_batch() -> None:
+    gate = threading.Event()
+    model = GatedModel(gate)
+    merger = batcher(model, max_batch=4)
+    first = asyncio.create_task(merger.submit(rows(0, 1), None))
+    await started(model)
+    sent = [rows(10 * i, n) for i, n in enumerate([2, 2, 1, 3], start=1)]
+    waiting = [asyncio.create_task(merger.submit(s, None)) for s in sent]
+    await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(first, *waiting)
+    assert model.calls == [1, 4, 4]  # 2+2 fill a batch of 4; then 1+3
+    for result, arrays in zip(results[1:], sent, strict=True):
+        check(result, arrays)
+
+
+async def test_full_batch_goes_at_once_and_delay_merges_stragglers() -> None:
+    model = GatedModel()
+    merger = batcher(model, max_batch=4, delay_s=30.0)
+    await asyncio.wait_for(asyncio.gather(merger.submit(rows(0, 2), None), merger.submit(rows(6, 2), None)), 10)
+    assert model.calls == [4]
+    patient = batcher(model, max_batch=8, delay_s=0.2)
+    first = asyncio.create_task(patient.submit(rows(0, 1), None))
+    await asyncio.sleep(0.01)
+    await asyncio.gather(first, patient.submit(rows(3, 1), None))
+    assert model.calls == [4, 2]
+
+
+async def test_larger_than_max_batch_runs_alone() -> None:
+    model = GatedModel()
+    merger = batcher(model, max_batch=4)
+    big, small = rows(0, 6), rows(50, 2)
+    results = await asyncio.gather(merger.submit(big, None), merger.submit(small, None))
+    assert model.calls == [6, 2]
+    check(results[0], big)
+    check(results[1], small)
+
+
+async def test_errors_reach_every_caller_of_the_batch() -> None:
+    def broken(arrays: list[Array]) -> list[Array]:
+        raise LayerserveError("the model broke")
+
+    merger = Batcher(broken, ThreadPoolExecutor(1), 8, 0.0, QueueBudget(10), ("m", "1"))
+    results = await asyncio.gather(*(merger.submit(rows(0, 1), None) for _ in range(3)), return_exceptions=True)
+    assert [str(r) for r in results] == ["the model broke"] * 3
+
+    def wrong_rows(arrays: list[Array]) -> list[Array]:
+        return [np.zeros((1, 2))]
+
+    merger = Batcher(wrong_rows, ThreadPoolExecutor(1), 8, 0.0, QueueBudget(10), ("m", "1"))
+    with pytest.raises(LayerserveError, match=r"shape \[1, 2\] for a batch of 2 rows"):
+        await merger.submit(rows(0, 2), None)
+
+
+async def test_queue_full_is_503() -> None:
+    gate = threading.Event()
+    model = GatedModel(gate)
+    merger = batcher(model, queue=2)
+    running = asyncio.create_task(merger.submit(rows(0, 1), None))
+    await started(model)
+    queued = [asyncio.create_task(merger.submit(rows(3, 1), None)) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFullError, match=r"full \(2 requests\)") as error:
+        await merger.submit(rows(6, 1), None)
+    assert error.value.status_code == 503
+    gate.set()
+    await asyncio.gather(running, *queued)
+    assert model.calls == [1, 2]
+
+
+async def test_expired_requests_get_504_and_are_never_computed() -> None:
+    gate = threading.Event()
+    model = GatedModel(gate)
+    merger = batcher(model)
+    running = asyncio.create_task(merger.submit(rows(0, 1), None))
+    await started(model)
+    with pytest.raises(DeadlineExceededError) as error:
+        await merger.submit(rows(3, 5), time.perf_counter() + 0.05)
+    assert error.value.status_code == 504
+    later = asyncio.create_task(merger.submit(rows(30, 2), None))
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(running, later)
+    assert model.calls == [1, 2]  # the expired 5 rows never reached the model
