@@ -40,7 +40,9 @@ class Batcher:
 
     A batch is sent when the model thread is free and either the queue holds a full batch or the
     oldest request has waited `max_delay_s` (0: at once). A request larger than `max_batch_size`
-    runs alone. Every caller gets exactly its own rows back, or the error of its batch.
+    runs alone. Every caller gets exactly its own rows back, or the error of its batch. With
+    `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
+    thread would cost more than the call.
     """
 
     def __init__(
@@ -51,13 +53,18 @@ class Batcher:
         max_delay_s: float,
         budget: QueueBudget,
         labels: tuple[str, str],
+        is_inline: bool = False,
     ) -> None:
         self._run = run
+        self._is_inline = is_inline
         self._thread = thread
         self._max_batch_size = max(1, max_batch_size)
         self._max_delay_s = max_delay_s
         self._budget = budget
         self._labels = labels
+        self._batch_size_metric = metrics.BATCH_SIZE.labels(*labels)
+        self._queue_metric = metrics.QUEUE_SECONDS.labels(*labels)
+        self._compute_metric = metrics.COMPUTE_SECONDS.labels(*labels)
         self._queue: deque[_Pending] = deque()
         self._rows = 0
         self._full = asyncio.Event()
@@ -85,14 +92,16 @@ class Batcher:
             self._full.set()
         if self._task is None:
             self._task = asyncio.create_task(self._serve())
-        timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        if deadline is None:
+            return await pending.future
+        # One timer per request (cheaper than wait_for + shield): it fails the future at the deadline.
+        timer = asyncio.get_running_loop().call_at(
+            asyncio.get_running_loop().time() + max(0.0, deadline - time.perf_counter()), _expire, pending
+        )
         try:
-            return await asyncio.wait_for(asyncio.shield(pending.future), timeout)
-        except TimeoutError:
-            pending.future.cancel()
-            raise DeadlineExceededError(
-                f"request timed out after waiting {time.perf_counter() - pending.enqueued:.3f} s"
-            ) from None
+            return await pending.future
+        finally:
+            timer.cancel()
 
     async def _serve(self) -> None:
         try:
@@ -117,7 +126,7 @@ class Batcher:
         rows = 0
         while self._queue:
             head = self._queue[0]
-            if head.future.done():  # the caller timed out: never computed
+            if head.future.done():  # its deadline passed: never computed
                 self._pop()
                 continue
             if batch and rows + head.rows > self._max_batch_size:
@@ -135,13 +144,17 @@ class Batcher:
     async def _compute(self, batch: list[_Pending]) -> None:
         started = time.perf_counter()
         for pending in batch:
-            metrics.QUEUE_SECONDS.labels(*self._labels).observe(started - pending.enqueued)
+            self._queue_metric.observe(started - pending.enqueued)
         sizes = [p.rows for p in batch]
-        metrics.BATCH_SIZE.labels(*self._labels).observe(sum(sizes))
+        self._batch_size_metric.observe(sum(sizes))
         joined = [np.concatenate(parts) for parts in zip(*(p.arrays for p in batch), strict=True)]
         loop = asyncio.get_running_loop()
         try:
-            outputs = await loop.run_in_executor(self._thread, self._run, joined if len(batch) > 1 else batch[0].arrays)
+            arrays = joined if len(batch) > 1 else batch[0].arrays
+            if self._is_inline:
+                outputs = self._run(arrays)
+            else:
+                outputs = await loop.run_in_executor(self._thread, self._run, arrays)
             split = _split(outputs, sizes)
         except Exception as error:  # every caller of the batch gets the same error
             for pending in batch:
@@ -149,10 +162,17 @@ class Batcher:
                     pending.future.set_exception(error)
             return
         finally:
-            metrics.COMPUTE_SECONDS.labels(*self._labels).observe(time.perf_counter() - started)
+            self._compute_metric.observe(time.perf_counter() - started)
         for pending, rows in zip(batch, split, strict=True):
             if not pending.future.done():
                 pending.future.set_result(rows)
+
+
+def _expire(pending: _Pending) -> None:
+    """Fail a request whose deadline passed; the batcher skips it if it was not taken yet."""
+    if not pending.future.done():
+        waited = time.perf_counter() - pending.enqueued
+        pending.future.set_exception(DeadlineExceededError(f"request timed out after waiting {waited:.3f} s"))
 
 
 def _split(outputs: list[Array], sizes: list[int]) -> list[list[Array]]:

@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        loop="uvloop", http="httptools", access_log=False,
+        loop="uvloop", http="httptools", access_log=False, proxy_headers=False,
     )  # fmt: skip
     return 0
 
@@ -84,6 +84,18 @@ def _models(args: argparse.Namespace) -> int:
             for kind, specs in (("input", signature.inputs), ("output", signature.outputs)):
                 for tensor in specs:
                     print(f"    {kind:6} {tensor.name}: {tensor.datatype} {list(tensor.shape)}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from layerserve.bench import BenchOptions, print_report, run_bench
+
+    options = BenchOptions(
+        url=args.url.rstrip("/"), model=args.model, workload=args.workload, concurrency=args.concurrency,
+        duration_s=args.duration_s, rows=args.rows, image=args.image, in_process=args.in_process,
+        bare=args.bare, client_processes=args.client_processes, output=args.output, plot=args.plot,
+    )  # fmt: skip
+    print_report(run_bench(options))
     return 0
 
 
@@ -116,6 +128,23 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("repository", type=Path)
     add_settings_flags(models, skip={"model_repository"})
     models.set_defaults(run=_models)
+
+    bench = commands.add_parser("bench", help="closed-loop load test of a running server")
+    bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    bench.add_argument("--model", required=True)
+    bench.add_argument("--workload", default="tensor", choices=["tensor", "tensor-json", "image"],
+                       help="tensor: V2 binary infer; tensor-json: V2 JSON; image: /classify with --image")  # fmt: skip
+    bench.add_argument("--image", type=Path, default=None, help="the photo sent by the image workload")
+    bench.add_argument("--rows", type=int, default=1, help="rows per tensor request")
+    bench.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    bench.add_argument("--duration-s", type=float, default=10.0, help="seconds per concurrency")
+    bench.add_argument("--in-process", type=Path, default=None, metavar="REPOSITORY",
+                       help="also measure the model in process (best batch, same engine): the ceiling")  # fmt: skip
+    bench.add_argument("--bare", action="store_true", help="also measure the bare HTTP stack returning a constant")
+    bench.add_argument("--client-processes", type=int, default=1, help="processes generating load")
+    bench.add_argument("--output", type=Path, default=None, help="write the report as JSON")
+    bench.add_argument("--plot", type=Path, default=None, help="write throughput and p99 vs concurrency as PNG")
+    bench.set_defaults(run=_bench)
 
     demo = commands.add_parser("demo", help="the built-in demo repository")
     demo_commands = demo.add_subparsers(dest="demo_command", required=True)

@@ -68,6 +68,7 @@ class ModelVersion:
     _max_batch_size: int = 1
     _max_delay_s: float = 0.0
     _timeout_ms: int = 0
+    _is_fast: bool = False
 
     @property
     def is_ready(self) -> bool:
@@ -118,6 +119,7 @@ class ModelVersion:
         choice.engine.run(probe)  # warm-up: the first request must not pay for lazy initialisation
         self.engine, self.engine_reason = choice.engine, choice.reason
         self._configure_batching(settings)
+        self._is_fast = self._batch_seconds() * 1000 < settings.inline_max_ms
         cut_settings = settings.model_copy(update={"engine": engine_choice})
         self.cuts = CutCache(self.graph, digest, cut_settings, exporter)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
@@ -130,6 +132,17 @@ class ModelVersion:
         self._budget = QueueBudget(config.max_queue_size or settings.max_queue_size)
         self._timeout_ms = settings.request_timeout_ms
 
+    def _batch_seconds(self) -> float:
+        """The best of three calls of the engine on a full batch (decides whether batches run inline)."""
+        assert self.engine is not None
+        batch = probe_batch(self.signature.inputs, self._max_batch_size)
+        timings = []
+        for _ in range(3):
+            started = time.perf_counter()
+            self.engine.run(batch)
+            timings.append(time.perf_counter() - started)
+        return min(timings)
+
     def batching(self) -> dict[str, object]:
         """The batching settings in force, for metadata."""
         return {
@@ -137,6 +150,7 @@ class ModelVersion:
             "max_delay_ms": self._max_delay_s * 1000,
             "max_queue_size": self._budget.limit,
             "queued": self._budget.queued,
+            "inline": self._is_fast,
         }
 
     def _read_config(self) -> None:
@@ -204,7 +218,8 @@ class ModelVersion:
 
         assert self._thread is not None
         labels = (self.name, str(self.version))
-        batcher = Batcher(run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, labels)
+        inline = self.graph.is_full_model(names, wanted) and self._is_fast
+        batcher = Batcher(run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, labels, inline)
         self._batchers[key] = batcher
         return batcher
 

@@ -52,6 +52,9 @@ class Settings(BaseModel):
     request_timeout_ms: int = Field(
         30_000, ge=1, description="Default deadline of a request; past it, 504 (request parameter timeout_ms)."
     )
+    inline_max_ms: float = Field(
+        0.5, ge=0, description="Models whose largest batch runs faster than this run on the event loop (0: never)."
+    )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
     max_image_pixels: int = Field(
         40_000_000, gt=0, description="Largest image (width x height) decoded; larger ones get 413."
