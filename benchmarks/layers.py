@@ -2,54 +2,40 @@
 
     .venv/bin/python benchmarks/layers.py [--layer block7_add] [--duration-s 8] [--concurrency 4]
 
-Builds the demo repository when --repository is not given and serves it in a subprocess. For each
-requested output it times the very first request (the cut is built and served on the Keras compiled
-call at once), then the time until the cut's background ONNX export is verified and serving, then
-the served throughput (V2 binary infer, one image per request).
+For each requested output, on the demo EfficientNet: the very first request (the cut is built and served
+on the Keras compiled call at once), the time until the cut's background ONNX export is verified and
+serving, then the served throughput (V2 binary infer, one image per request).
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
+import json
+import multiprocessing
 import os
-import tempfile
 import time
-from pathlib import Path
-
-import orjson
+import urllib.request
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from layerserve.demo import build_demo_repository
-from layerserve.tensors import TensorSpec
-from loadgen import binary_request, drive, start_server
+from demo_server import demo_server
+from layerserve.bench import Workload, build_workload, run_step
 
 
-def _get(port: int, path: str) -> dict[str, object]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request("GET", path)
-    body: dict[str, object] = orjson.loads(connection.getresponse().read())
-    return body
-
-
-def _post(port: int, path: str, body: bytes, headers: dict[str, str]) -> float:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+def _first_request_s(url: str, workload: Workload) -> float:
+    request = urllib.request.Request(f"{url}{workload.path}", data=workload.body, headers=workload.headers)
     started = time.perf_counter()
-    connection.request("POST", path, body=body, headers=headers)
-    response = connection.getresponse()
-    response.read()
-    if response.status != 200:
-        raise RuntimeError(f"{response.status} for {path}")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        response.read()
     return time.perf_counter() - started
 
 
-def _wait_for_onnx(port: int, model: str, output: str, limit_s: float = 300) -> float:
+def _onnx_ready_s(url: str, model: str, output: str, limit_s: float = 300) -> float:
     """Seconds until the cut for `output` runs on ONNX (polls the model's metadata)."""
     started = time.perf_counter()
     while time.perf_counter() - started < limit_s:
-        cuts = _get(port, f"/v2/models/{model}")["cuts"]
-        assert isinstance(cuts, list)
+        with urllib.request.urlopen(f"{url}/v2/models/{model}", timeout=30) as response:
+            cuts = json.loads(response.read())["cuts"]
         if any(c["outputs"] == [output] and c["engine"] == "onnx" for c in cuts):
             return time.perf_counter() - started
         time.sleep(0.1)
@@ -59,7 +45,6 @@ def _wait_for_onnx(port: int, model: str, output: str, limit_s: float = 300) -> 
 def main() -> None:
     """Run the benchmark and print a table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repository", type=Path, default=None)
     parser.add_argument("--model", default="efficientnet_lite0")
     parser.add_argument("--layer", default="block7_add", help="a middle layer")
     parser.add_argument("--feature", default="avg_pool", help="a feature-vector layer")
@@ -67,34 +52,26 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--port", type=int, default=8766)
     args = parser.parse_args()
-
-    work = Path(tempfile.mkdtemp(prefix="layerserve-bench-"))
-    repository = args.repository or work / "repo"
-    if args.repository is None:
-        build_demo_repository(repository)
-    process = start_server(repository, work / "cache", args.port)
-    try:
-        meta = _get(args.port, f"/v2/models/{args.model}")
-        inputs = tuple(TensorSpec(i["name"], i["datatype"], tuple(i["shape"])) for i in meta["inputs"])  # type: ignore[attr-defined]
-        path = f"/v2/models/{args.model}/infer"
-        rows = []
+    rows = []
+    with demo_server(args.port) as (url, _), multiprocessing.get_context("spawn").Pool(1) as pool:
         for output in ("", args.layer, args.feature):
-            body, headers = binary_request(inputs, [output] if output else [])
-            first_s = _post(args.port, path, body, headers)
-            onnx_s = _wait_for_onnx(args.port, args.model, output) if output else 0.0
-            result = drive(args.port, path, body, headers, args.concurrency, args.duration_s)
-            rows.append((output or "(model output)", first_s, onnx_s, result))
-        full = rows[0][3]["req_s"]
-        print(f"\n| output | first request ms | ONNX ready after s | req/s (c={args.concurrency}) | p50 ms | vs full |")
-        print("|---|---|---|---|---|---|")
-        for name, first_s, onnx_s, result in rows:
-            print(
-                f"| {name} | {first_s * 1000:.0f} | {onnx_s:.1f} | {result['req_s']:.1f} | {result['p50_ms']:.1f} "
-                f"| {result['req_s'] / full:.2f} |"
+            workload = build_workload(url, args.model, "tensor", 1, None, (output,) if output else ())
+            first_s = _first_request_s(url, workload)
+            onnx_s = _onnx_ready_s(url, args.model, output) if output else 0.0
+            rows.append(
+                (
+                    output or "(model output)",
+                    first_s,
+                    onnx_s,
+                    run_step(url, workload, args.concurrency, args.duration_s, pool),
+                )
             )
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    full = rows[0][3].req_s
+    print(f"| output | first request ms | ONNX ready after s | req/s (c={args.concurrency}) | p50 ms | vs full |")
+    print("|---|---|---|---|---|---|")
+    for name, first_s, onnx_s, step in rows:
+        ratio = step.req_s / full
+        print(f"| {name} | {first_s * 1000:.0f} | {onnx_s:.1f} | {step.req_s:.1f} | {step.p50_ms:.1f} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":

@@ -65,8 +65,12 @@ def _get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-def build_workload(url: str, model: str, kind: str, rows: int, image: Path | None) -> Workload:
+def build_workload(
+    url: str, model: str, kind: str, rows: int, image: Path | None, outputs: tuple[str, ...] = ()
+) -> Workload:
     """The request for a workload, built from the model's metadata (tensor) or an image file (image).
+
+    `outputs` (tensor workloads) names the outputs or layers to ask for; default: the model's outputs.
 
     Raises:
         BadRequestError: an unknown workload, or an image workload without an image file.
@@ -82,14 +86,15 @@ def build_workload(url: str, model: str, kind: str, rows: int, image: Path | Non
     specs = tuple(TensorSpec(i["name"], i["datatype"], tuple(i["shape"])) for i in meta["inputs"])
     batch = probe_batch(specs, rows)
     path = f"/v2/models/{model}/infer"
+    wanted = {"outputs": [{"name": name} for name in outputs]} if outputs else {}
     if kind == "tensor-json":
         inputs = [{"name": s.name, "shape": list(a.shape), "datatype": s.datatype, "data": a.reshape(-1)}
                   for s, a in zip(specs, batch, strict=True)]  # fmt: skip
-        body = orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY)
+        body = orjson.dumps({"inputs": inputs, **wanted}, option=orjson.OPT_SERIALIZE_NUMPY)
         return Workload(kind, path, body, {"Content-Type": "application/json"}, rows)
     inputs = [{"name": s.name, "shape": list(a.shape), "datatype": s.datatype,
                "parameters": {"binary_data_size": a.nbytes}} for s, a in zip(specs, batch, strict=True)]  # fmt: skip
-    header = orjson.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}})
+    header = orjson.dumps({"inputs": inputs, **wanted, "parameters": {"binary_data_output": True}})
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
     return Workload(kind, path, header + b"".join(a.tobytes() for a in batch), headers, rows)
 
@@ -229,6 +234,7 @@ class BenchOptions:
     duration_s: float
     rows: int = 1
     image: Path | None = None
+    outputs: tuple[str, ...] = ()
     in_process: Path | None = None
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     bare: bool = False
@@ -241,7 +247,8 @@ def _warm_up(_: int) -> None:
     """Run in each client process once, so that process start-up is not timed."""
 
 
-def _drive(url: str, workload: Workload, options: BenchOptions, pool: Pool, label: str) -> list[StepResult]:
+def drive(url: str, workload: Workload, options: BenchOptions, pool: Pool, label: str) -> list[StepResult]:
+    """A warm-up, then one step per concurrency, with a progress bar."""
     from rich.progress import Progress
 
     run_step(url, workload, 1, 1.0, pool)  # warm the server's path and the connections
@@ -259,7 +266,9 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     """Measure the server (and optionally the in-process ceiling and the bare stack); returns the report."""
     import multiprocessing
 
-    workload = build_workload(options.url, options.model, options.workload, options.rows, options.image)
+    workload = build_workload(
+        options.url, options.model, options.workload, options.rows, options.image, options.outputs
+    )
     report: dict[str, Any] = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}}
     if options.in_process is not None:
         rates = in_process_ceiling(options.in_process, options.model, workload, list(options.batch_sizes), 3.0)
@@ -267,13 +276,13 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         report["in_process"] = {"samples_s": rates, "best_batch_size": best, "best_samples_s": rates[best]}
     with multiprocessing.get_context("spawn").Pool(options.client_processes) as pool:
         pool.map(_warm_up, range(options.client_processes))
-        report["steps"] = [asdict(step) for step in _drive(options.url, workload, options, pool, "server")]
+        report["steps"] = [asdict(step) for step in drive(options.url, workload, options, pool, "server")]
         if options.bare:
             from layerserve.bench_baseline import start_bare_server
 
             process, port = start_bare_server()
             try:
-                steps = _drive(f"http://127.0.0.1:{port}", workload, options, pool, "bare stack")
+                steps = drive(f"http://127.0.0.1:{port}", workload, options, pool, "bare stack")
                 report["bare"] = [asdict(step) for step in steps]
             finally:
                 process.kill()

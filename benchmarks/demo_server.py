@@ -1,0 +1,56 @@
+"""Shared by the benchmark scripts: the demo repository served by `layerserve serve` in a subprocess."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from layerserve.demo import build_demo_repository
+
+
+@contextmanager
+def demo_server(port: int, repository: Path | None = None) -> Iterator[tuple[str, Path]]:
+    """Build the demo repository (unless one is given), serve it, yield (url, repository)."""
+    work = Path(tempfile.mkdtemp(prefix="layerserve-bench-"))
+    if repository is None:
+        repository = work / "repo"
+        build_demo_repository(repository)
+    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
+    command += ["--engine-cache-dir", str(work / "cache"), "--log-level", "warning"]
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(3000):
+            try:
+                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        yield url, repository
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def sample_jpeg(target: Path) -> Path:
+    """scikit-image's chelsea.png (451x300) written as a quality-90 JPEG."""
+    import importlib.util
+
+    from PIL import Image
+
+    spec = importlib.util.find_spec("skimage")
+    assert spec is not None and spec.submodule_search_locations
+    buffer = io.BytesIO()
+    Image.open(Path(spec.submodule_search_locations[0]) / "data" / "chelsea.png").convert("RGB").save(
+        buffer, "JPEG", quality=90
+    )
+    target.write_bytes(buffer.getvalue())
+    return target

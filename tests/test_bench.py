@@ -1,0 +1,52 @@
+"""`layerserve bench` against a real server: every request is counted by the server, reports are complete."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+
+from layerserve.bench import BenchOptions, build_workload, run_bench
+from tests.live_server import LiveServer
+
+
+def _rows_served(server: LiveServer, model: str, version: str) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    match = re.search(rf'layerserve_batch_size_sum{{model="{model}",version="{version}"}} (\S+)', text)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_bench_tensor_workload_with_bare_baseline_and_ceiling(
+    server: LiveServer, repository: Path, tmp_path: Path
+) -> None:
+    options = BenchOptions(
+        url=server.url, model="multi", workload="tensor", concurrency=[1, 4], duration_s=0.5, rows=3,
+        in_process=repository, batch_sizes=(1, 8), bare=True, output=tmp_path / "r.json", plot=tmp_path / "r.png",
+    )  # fmt: skip
+    before = _rows_served(server, "multi", "1")
+    report = run_bench(options)
+    served = _rows_served(server, "multi", "1") - before
+    steps = report["steps"]
+    assert [s["concurrency"] for s in steps] == [1, 4]
+    for step in steps:
+        assert step["errors"] == {} and step["requests"] > 0
+        assert step["samples_s"] == 3 * step["req_s"]
+        assert 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"]
+        assert step["server_cpu_percent"] is not None and step["server_rss_bytes"] > 0
+        assert "vs_in_process" in step and "vs_bare" in step
+    assert served >= 3 * sum(s["requests"] for s in steps)  # the server saw every row (plus the warm-up)
+    assert report["in_process"]["best_batch_size"] in (1, 8)
+    assert [s["concurrency"] for s in report["bare"]] == [1, 4]
+    assert json.loads((tmp_path / "r.json").read_text())["steps"][0]["concurrency"] == 1
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_workload_and_errors_by_status(server: LiveServer) -> None:
+    workload = build_workload(server.url, "mlp", "tensor-json", 2, None)
+    assert json.loads(workload.body)["inputs"][0]["shape"] == [2, 10]
+    report = run_bench(
+        BenchOptions(url=server.url, model="corrupt", workload="tensor", concurrency=[1], duration_s=0.3)
+    )
+    assert set(report["steps"][0]["errors"]) == {"503"}
