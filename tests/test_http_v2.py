@@ -186,7 +186,7 @@ def test_failed_models_show_reasons_and_others_serve(server: LiveServer) -> None
 
 BAD_REQUESTS = [
     ("/v2/models/nope/infer", {"inputs": []}, 404, "unknown model 'nope'"),
-    ("/v2/models/mlp/versions/9/infer", {"inputs": []}, 404, "no version 9"),
+    ("/v2/models/mlp/versions/9/infer", {"inputs": []}, 404, "no loaded version 9"),
     ("/v2/models/mlp/versions/x/infer", {"inputs": []}, 400, "version must be a positive integer"),
     ("/v2/models/mlp/infer", {"inputs": []}, 400, "'inputs' must be a non-empty list"),
     ("/v2/models/mlp/infer", {"inputs": [{"name": "y", "shape": [1, 10], "datatype": "FP32", "data": [0] * 10}]},

@@ -3,26 +3,40 @@
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerserve.errors import ConfigError
+from layerserve.errors import ConfigError, LayerserveError
 from layerserve.settings import ModelConfig, read_model_config
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
+PIN_FILE = ".pinned_version"
+
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+class RepositoryWriteError(LayerserveError):
+    """The repository could not be written (the pin); nothing was half-written."""
+
+    status_code = 503
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model folder: its config (or why it is invalid) and the version folders its policy selects."""
+    """One model folder: its config (or why it is invalid), its version folders, the pin, and the
+    versions to serve (those its policy selects, plus the pinned one)."""
 
     name: str
     path: Path
     config: ModelConfig
     versions: dict[int, Path] = field(default_factory=dict)
     error: str = ""
+    present: dict[int, Path] = field(default_factory=dict)
+    pinned: int | None = None
 
 
 def _version_folders(model_dir: Path) -> dict[int, Path]:
@@ -37,25 +51,93 @@ def _version_folders(model_dir: Path) -> dict[int, Path]:
     return versions
 
 
-def scan(repository: Path) -> list[ModelSpec]:
-    """Every model folder of the repository, sorted by name; an invalid config makes a spec with `error`.
+def model_folders(repository: Path) -> list[Path]:
+    """The model folders of the repository, sorted by name (hidden folders are skipped).
 
     Raises:
         ConfigError: the repository folder does not exist.
     """
     if not repository.is_dir():
         raise ConfigError(f"model repository {repository} is not a folder")
-    specs = []
-    for model_dir in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    return sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def scan_model(model_dir: Path) -> ModelSpec:
+    """One model folder; an invalid config.yaml makes a spec with `error` and no versions."""
+    try:
+        config = read_model_config(model_dir / CONFIG_FILE)
+    except ConfigError as error:
+        log.error("model %s: %s", model_dir.name, error.message)
+        return ModelSpec(model_dir.name, model_dir, ModelConfig(), error=error.message)
+    present = _version_folders(model_dir) if model_dir.is_dir() else {}
+    pinned = read_pin(model_dir)
+    selected = set(config.version_policy.select(list(present)))
+    if pinned in present:
+        selected.add(pinned)
+    if not present:
+        log.warning("model %s has no version folders", model_dir.name)
+    return ModelSpec(model_dir.name, model_dir, config, {v: present[v] for v in sorted(selected)}, "", present, pinned)
+
+
+def scan(repository: Path) -> list[ModelSpec]:
+    """Every model folder of the repository, sorted by name.
+
+    Raises:
+        ConfigError: the repository folder does not exist.
+    """
+    return [scan_model(model_dir) for model_dir in model_folders(repository)]
+
+
+def fingerprint(version_dir: Path) -> Fingerprint:
+    """Names, sizes and modification times of a version's files and of its model's own files (config,
+    labels): a change means the version must be reloaded; equal over one poll means copying is done."""
+    model_dir = version_dir.parent
+    files = [p for p in model_dir.iterdir() if p.is_file() and p.name != PIN_FILE]
+    files += [p for p in version_dir.rglob("*") if p.is_file()]
+    rows = []
+    for file in sorted(files):
         try:
-            config = read_model_config(model_dir / CONFIG_FILE)
-        except ConfigError as error:
-            log.error("model %s: %s", model_dir.name, error.message)
-            specs.append(ModelSpec(model_dir.name, model_dir, ModelConfig(), error=error.message))
+            stat = file.stat()
+        except FileNotFoundError:  # deleted while we looked: the next poll sees the change
             continue
-        present = _version_folders(model_dir)
-        selected = config.version_policy.select(list(present))
-        specs.append(ModelSpec(model_dir.name, model_dir, config, {v: present[v] for v in selected}))
-        if not present:
-            log.warning("model %s has no version folders", model_dir.name)
-    return specs
+        rows.append((str(file.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
+    return tuple(rows)
+
+
+def read_pin(model_dir: Path) -> int | None:
+    """The version pinned by apply, if any (an unreadable pin file counts as none, with a log line)."""
+    try:
+        text = (model_dir / PIN_FILE).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        log.error("model %s: cannot read %s: %s", model_dir.name, PIN_FILE, error)
+        return None
+    if not text.isdigit() or int(text) < 1:
+        log.error("model %s: ignoring %s holding %r", model_dir.name, PIN_FILE, text[:40])
+        return None
+    return int(text)
+
+
+def write_pin(model_dir: Path, version: int | None) -> None:
+    """Persist (or clear, with None) the pin atomically: a temporary file renamed over the old one.
+
+    Raises:
+        RepositoryWriteError: the model folder is not writable.
+    """
+    target = model_dir / PIN_FILE
+    try:
+        if version is None:
+            target.unlink(missing_ok=True)
+            return
+        handle, temporary = tempfile.mkstemp(prefix=".pin-", dir=model_dir)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                file.write(f"{version}\n")
+                file.flush()
+                os.fsync(file.fileno())
+            Path(temporary).replace(target)
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+    except OSError as error:
+        raise RepositoryWriteError(f"cannot write the pin of model {model_dir.name}: {error.strerror}") from None

@@ -26,6 +26,9 @@ class Settings(BaseModel):
     model_repository: Path = Field(Path("models"), description="Folder of models: <repo>/<model>/<version>/.")
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 for every interface).")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    reload_interval_s: float = Field(
+        2.0, ge=0, description="Seconds between polls of the repository for new, changed or removed versions (0: off)."
+    )
     engine: EngineChoice = Field(
         "auto", description="auto: ONNX Runtime, else the Keras compiled call; onnx or keras to force one."
     )

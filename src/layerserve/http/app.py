@@ -16,10 +16,18 @@ from starlette.responses import Response
 
 from layerserve.errors import LayerserveError
 from layerserve.feature_store import FeatureStore
-from layerserve.http import image_routes, layer_routes, metrics_routes, tfserving_routes, v2_routes
+from layerserve.http import (
+    image_routes,
+    layer_routes,
+    metrics_routes,
+    repository_routes,
+    tfserving_routes,
+    v2_routes,
+)
 from layerserve.http.bodies import JSONResponse
 from layerserve.images import ImageDecoder
 from layerserve.registry import ModelRegistry
+from layerserve.reloader import Reloader
 from layerserve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,21 +55,28 @@ def create_app(settings: Settings) -> Starlette:
     registry = ModelRegistry(settings)
     decode_pool = ThreadPoolExecutor(settings.decode_threads or os.cpu_count(), thread_name_prefix="image-decoder")
 
+    reloader = Reloader(registry)
+
+    async def keep_in_sync() -> None:
+        await reloader.start()
+        if settings.reload_interval_s > 0:
+            await reloader.run(settings.reload_interval_s)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        registry.scan()
-        loading = asyncio.create_task(registry.load_all())
+        syncing = asyncio.create_task(keep_in_sync())
         try:
             yield
         finally:
-            loading.cancel()
-            await asyncio.gather(loading, return_exceptions=True)
+            syncing.cancel()
+            await asyncio.gather(syncing, return_exceptions=True)
             registry.close()
             decode_pool.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(
         routes=[
             *v2_routes.routes,
+            *repository_routes.routes,
             *layer_routes.routes,
             *image_routes.routes,
             *tfserving_routes.routes,
@@ -76,6 +91,7 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.settings = settings
     app.state.registry = registry
+    app.state.reloader = reloader
     app.state.decoder = ImageDecoder(decode_pool, settings.max_image_pixels)
     app.state.features = FeatureStore(settings.feature_store_bytes)
     return app

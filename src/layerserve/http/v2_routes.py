@@ -10,7 +10,7 @@ from layerserve import __version__
 from layerserve.errors import BadRequestError
 from layerserve.http.bodies import JSONResponse, read_body
 from layerserve.protocols import v2
-from layerserve.registry import ModelRegistry, ModelVersion
+from layerserve.registry import ModelEntry, ModelRegistry, ModelVersion
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "layer_outputs"]
 
@@ -50,11 +50,13 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 
-def version_metadata(version: ModelVersion, versions: list[int]) -> dict[str, object]:
-    """The V2 model metadata of one version, with layerserve's state and engine fields."""
+def version_metadata(version: ModelVersion, entry: ModelEntry) -> dict[str, object]:
+    """The V2 model metadata of one version, with layerserve's state, engine and version fields."""
     return {
         "name": version.name,
-        "versions": [str(v) for v in versions],
+        "versions": [str(v) for v in entry.ready_versions],
+        "active_version": str(entry.active_version or ""),
+        "pinned_version": str(entry.pinned or ""),
         "platform": "keras_tensorflow",
         "inputs": [spec.to_dict() for spec in version.signature.inputs],
         "outputs": [spec.to_dict() for spec in version.signature.outputs],
@@ -75,7 +77,7 @@ async def model_metadata(request: Request) -> Response:
     registry = _registry(request)
     name = request.path_params["model"]
     version = registry.find(name, parse_version(request))
-    return JSONResponse(version_metadata(version, registry.entry(name).ready_versions))
+    return JSONResponse(version_metadata(version, registry.entry(name)))
 
 
 async def model_ready(request: Request) -> Response:
@@ -102,11 +104,6 @@ async def infer(request: Request) -> Response:
     return Response(content, media_type="application/octet-stream", headers=headers)
 
 
-async def repository_index(request: Request) -> Response:
-    """POST /v2/repository/index: every version with its state and reason."""
-    return JSONResponse(_registry(request).index())
-
-
 _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
 
@@ -114,7 +111,6 @@ routes = [
     Route("/v2", server_metadata, methods=["GET"]),
     Route("/v2/health/live", live, methods=["GET"]),
     Route("/v2/health/ready", ready, methods=["GET"]),
-    Route("/v2/repository/index", repository_index, methods=["POST"]),
     *(Route(prefix, model_metadata, methods=["GET"]) for prefix in (_MODEL, _VERSION)),
     *(Route(f"{prefix}/ready", model_ready, methods=["GET"]) for prefix in (_MODEL, _VERSION)),
     *(Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in (_MODEL, _VERSION)),

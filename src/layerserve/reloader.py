@@ -1,0 +1,208 @@
+"""Reloader: keeps the registry equal to the repository (poll, load, apply, unload) without failing a request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
+from layerserve.registry import ModelEntry, ModelRegistry
+from layerserve.repository import Fingerprint, fingerprint, model_folders, scan_model, write_pin
+from layerserve.version import ModelVersion
+
+log = logging.getLogger(__name__)
+
+
+class LoadFailedError(LayerserveError):
+    """A version asked for by load or apply could not be loaded (409); the previous one still serves."""
+
+    status_code = 409
+
+
+def check_model_name(name: str) -> None:
+    """A model name is one plain folder name.
+
+    Raises:
+        BadRequestError: empty, hidden, `..`, or holding a path separator or NUL.
+    """
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
+        raise BadRequestError(f"invalid model name {name!r}: expected a folder name of the repository")
+
+
+class Reloader:
+    """Applies the difference between the repository and the registry.
+
+    New version folders are loaded and warmed before they become active; removed ones leave the registry
+    at once and are closed once their requests are answered; a version whose files changed is reloaded
+    beside the old one and swapped in. While polling, a version is loaded only once its files are
+    unchanged for one interval (still being copied otherwise). One change at a time.
+    """
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._registry = registry
+        self._repository = registry.settings.model_repository
+        self._seen: dict[tuple[str, int], Fingerprint] = {}
+        self._lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Load every model of the repository now (no stability wait), then mark the registry settled."""
+        try:
+            async with self._lock:
+                for folder in model_folders(self._repository):
+                    await self._sync(folder.name, wait_for_copies=False)
+        finally:
+            self._registry.mark_settled()
+
+    async def run(self, interval_s: float) -> None:
+        """Poll the repository every `interval_s` until cancelled (fail-soft: errors are logged)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.poll()
+            except Exception:  # fail-soft boundary: a bad poll must not stop the reloader
+                log.exception("repository poll failed")
+
+    async def poll(self) -> None:
+        """One pass over the repository: new, changed and removed models and versions."""
+        async with self._lock:
+            present = {folder.name for folder in model_folders(self._repository)}
+            for name in sorted(present):
+                entry = self._registry.models.get(name)
+                if entry is None or not entry.is_unloaded:
+                    await self._sync(name, wait_for_copies=True)
+            for name in set(self._registry.models) - present:
+                self._retire_all(self._registry.models.pop(name))
+
+    async def load_model(self, name: str) -> ModelEntry:
+        """(Re)load a model from the repository now, including one unloaded before.
+
+        Raises:
+            NotFoundError: no such model folder.
+            LoadFailedError: no version of it could be loaded.
+        """
+        check_model_name(name)
+        async with self._lock:
+            if not (self._repository / name).is_dir():
+                raise NotFoundError(f"the repository has no model folder '{name}'")
+            entry = await self._sync(name, wait_for_copies=False, force=True)
+        if entry.spec.error or (entry.versions and not entry.ready_versions):
+            reasons = entry.spec.error or "; ".join(f"version {v}: {mv.reason}" for v, mv in entry.versions.items())
+            raise LoadFailedError(f"model '{name}' failed to load: {reasons}")
+        return entry
+
+    async def unload_model(self, name: str) -> None:
+        """Unload every version of a model; polling leaves it unloaded until it is loaded again.
+
+        Raises:
+            NotFoundError: the model is not in the registry.
+        """
+        check_model_name(name)
+        async with self._lock:
+            entry = self._registry.entry(name)
+            entry.is_unloaded = True
+            self._retire_all(entry)
+
+    async def apply(self, name: str, number: int) -> ModelVersion:
+        """Pin a version as the active one (loading it first if the policy did not), persisted in the repository.
+
+        Raises:
+            NotFoundError: no such model or version folder.
+            LoadFailedError: the version cannot be loaded.
+            RepositoryWriteError: the pin cannot be written.
+        """
+        check_model_name(name)
+        async with self._lock:
+            spec = scan_model(self._repository / name)
+            if number not in spec.present:
+                known = ", ".join(str(v) for v in sorted(spec.present)) or "none"
+                raise NotFoundError(f"model '{name}' has no version folder {number}; versions: {known}")
+            entry = self._entry(name)
+            version = entry.versions.get(number)
+            if version is None or not version.is_ready:
+                version = await self._load(entry, number, spec.present[number])
+            if not version.is_ready:
+                raise LoadFailedError(f"model '{name}' version {number} failed to load: {version.reason}")
+            write_pin(self._repository / name, number)
+            entry.pinned = number
+            entry.is_unloaded = False
+            log.info("model %s: version %d applied (pinned)", name, number)
+            return version
+
+    async def unpin(self, name: str) -> ModelEntry:
+        """Drop the pin: the newest loaded version is active again, and the policy applies.
+
+        Raises:
+            NotFoundError: unknown model.
+            RepositoryWriteError: the pin cannot be removed.
+        """
+        check_model_name(name)
+        async with self._lock:
+            self._registry.entry(name)
+            write_pin(self._repository / name, None)
+            return await self._sync(name, wait_for_copies=False)
+
+    def _entry(self, name: str) -> ModelEntry:
+        entry = self._registry.models.get(name)
+        if entry is None:
+            entry = self._registry.models[name] = ModelEntry(scan_model(self._repository / name))
+        return entry
+
+    async def _sync(self, name: str, wait_for_copies: bool, force: bool = False) -> ModelEntry:
+        """Make one model's loaded versions equal to what its folder, policy and pin ask for."""
+        spec = scan_model(self._repository / name)
+        entry = self._entry(name)
+        entry.spec, entry.pinned = spec, spec.pinned
+        if force:
+            entry.is_unloaded = False
+        if spec.error:
+            return entry  # keep serving what was loaded; the index shows the config error
+        for number, path in spec.versions.items():
+            current = entry.versions.get(number)
+            files = fingerprint(path)
+            if current is not None and current.fingerprint == files and not (force and not current.is_ready):
+                continue
+            if wait_for_copies and self._seen.get((name, number)) != files:
+                self._seen[(name, number)] = files  # new or changed: load once unchanged for one interval
+                continue
+            await self._load(entry, number, path, files)
+        for number in set(entry.versions) - set(spec.versions):
+            self._retire(entry.versions.pop(number))
+        return entry
+
+    async def _load(self, entry: ModelEntry, number: int, path: Path, files: Fingerprint | None = None) -> ModelVersion:
+        """Load a version beside the one serving under its number, then swap; a failed reload keeps the old."""
+        name = entry.spec.name
+        new = ModelVersion(name, number, path, entry.spec.config, files if files is not None else fingerprint(path))
+        current = entry.versions.get(number)
+        if current is None:
+            entry.versions[number] = new  # shown as LOADING in the index
+        await self._registry.load(new)
+        if new.is_ready or current is None or not current.is_ready:
+            if entry.versions.get(number) is not new:
+                old = entry.versions.get(number)
+                entry.versions[number] = new
+                if old is not None:
+                    self._retire(old)
+            return new
+        current.fingerprint = new.fingerprint  # do not retry the same files on every poll
+        current.reason = f"reload failed, the previous files still serve: {new.reason}"
+        log.error("model %s version %d: %s", name, number, current.reason)
+        return new
+
+    def _retire_all(self, entry: ModelEntry) -> None:
+        for number in list(entry.versions):
+            self._retire(entry.versions.pop(number))
+
+    def _retire(self, version: ModelVersion) -> None:
+        """Close a version that left the registry once the requests holding it are answered."""
+
+        async def retire() -> None:
+            await version.drain()
+            await asyncio.get_running_loop().run_in_executor(None, version.close)
+            log.info("model %s version %d unloaded", version.name, version.version)
+
+        task = asyncio.create_task(retire())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)

@@ -1,0 +1,251 @@
+"""ModelVersion: one loaded version of a model, its engine, batchers and model thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from layerserve.batcher import Batcher, QueueBudget
+from layerserve.cuts import CutCache
+from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
+from layerserve.errors import LayerserveError, NotReadyError, UnsupportedMediaTypeError
+from layerserve.images import ImageSpec
+from layerserve.labels import load_labels
+from layerserve.layers import LayerGraph
+from layerserve.model import Signature, file_digest, find_model_file, load_model, read_signature
+from layerserve.settings import ModelConfig, Settings
+from layerserve.tensors import Array
+
+log = logging.getLogger(__name__)
+
+_MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
+
+
+class VersionState(StrEnum):
+    """Where a version is in its life."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    FAILED = "FAILED"
+
+
+@dataclass
+class ModelVersion:
+    """One version of a model: its Keras model, signature, engine and the thread that runs it."""
+
+    name: str
+    version: int
+    path: Path
+    config: ModelConfig
+    fingerprint: tuple[object, ...] = ()
+    state: VersionState = VersionState.LOADING
+    reason: str = ""
+    signature: Signature = field(default_factory=lambda: Signature((), ()))
+    graph: LayerGraph = field(default_factory=lambda: LayerGraph(Signature((), ())))
+    keras_model: Any = None
+    engine: Engine | None = None
+    cuts: CutCache | None = None
+    image: ImageSpec | None = None
+    labels: list[str] | None = None
+    engine_reason: str = ""
+    layer_count: int = 0
+    load_seconds: float = 0.0
+    _thread: ThreadPoolExecutor | None = None
+    _batchers: dict[tuple[object, ...], Batcher] = field(default_factory=dict)
+    _budget: QueueBudget = field(default_factory=lambda: QueueBudget(1))
+    _max_batch_size: int = 1
+    _max_delay_s: float = 0.0
+    _timeout_ms: int = 0
+    _is_fast: bool = False
+    _in_flight: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether the version serves requests."""
+        return self.state is VersionState.READY
+
+    def load(self, settings: Settings, exporter: Executor) -> None:
+        """Load, choose the engine, warm up; on any failure the version is FAILED with the reason.
+
+        `exporter` runs the ONNX exports of this version's cuts in the background.
+        """
+        started = time.perf_counter()
+        try:
+            self._load(settings, exporter)
+        except LayerserveError as error:
+            self.state, self.reason = VersionState.FAILED, error.message
+            log.error("model %s version %d FAILED: %s", self.name, self.version, error.message)
+        except Exception as error:  # fail-soft boundary: one bad version never stops the others.
+            self.state, self.reason = VersionState.FAILED, f"unexpected error: {error}"
+            log.exception("model %s version %d FAILED", self.name, self.version)
+        else:
+            self.state = VersionState.READY
+            log.info(
+                "model %s version %d READY on %s in %.1f s (%s)",
+                self.name, self.version, self.engine_name, time.perf_counter() - started, self.engine_reason,
+            )  # fmt: skip
+        self.load_seconds = time.perf_counter() - started
+
+    def _load(self, settings: Settings, exporter: Executor) -> None:
+        model_file = find_model_file(self.path)
+        digest = file_digest(model_file)
+        self.keras_model = load_model(model_file, trust=settings.trust_models)
+        self.signature = read_signature(self.keras_model)
+        self.graph = LayerGraph(self.signature, self.keras_model)
+        self.layer_count = len(getattr(self.keras_model, "layers", []))
+        self._read_config()
+        probe = probe_batch(self.signature.inputs, self.config.warmup_batch_size)
+        engine_choice = self.config.engine or settings.engine
+        choice = choose_engine(
+            self.keras_model,
+            self.signature.inputs,
+            engine_choice,
+            onnx_cache_path(settings.engine_cache_dir, digest),
+            probe,
+            settings.verify_atol,
+            settings.intra_op_threads,
+        )
+        choice.engine.run(probe)  # warm-up: the first request must not pay for lazy initialisation
+        self.engine, self.engine_reason = choice.engine, choice.reason
+        self._configure_batching(settings)
+        self._is_fast = self._batch_seconds() * 1000 < settings.inline_max_ms
+        cut_settings = settings.model_copy(update={"engine": engine_choice})
+        self.cuts = CutCache(self.graph, digest, cut_settings, exporter)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
+
+    def _configure_batching(self, settings: Settings) -> None:
+        config = self.config
+        is_batchable = all(spec.shape and spec.shape[0] == -1 for spec in self.signature.inputs)
+        self._max_batch_size = (config.max_batch_size or settings.max_batch_size) if is_batchable else 1
+        self._max_delay_s = (settings.max_delay_ms if config.max_delay_ms is None else config.max_delay_ms) / 1000
+        self._budget = QueueBudget(config.max_queue_size or settings.max_queue_size)
+        self._timeout_ms = settings.request_timeout_ms
+
+    def _batch_seconds(self) -> float:
+        """The best of three calls of the engine on a full batch (decides whether batches run inline)."""
+        assert self.engine is not None
+        batch = probe_batch(self.signature.inputs, self._max_batch_size)
+        timings = []
+        for _ in range(3):
+            started = time.perf_counter()
+            self.engine.run(batch)
+            timings.append(time.perf_counter() - started)
+        return min(timings)
+
+    def batching(self) -> dict[str, object]:
+        """The batching settings in force, for metadata."""
+        return {
+            "max_batch_size": self._max_batch_size,
+            "max_delay_ms": self._max_delay_s * 1000,
+            "max_queue_size": self._budget.limit,
+            "queued": self._budget.queued,
+            "inline": self._is_fast,
+        }
+
+    def _read_config(self) -> None:
+        """Image input and labels from config.yaml, checked against the signature."""
+        config = self.config
+        if config.classify_output is not None:
+            self.graph.spec(config.classify_output, "output")
+        if config.input == "image":
+            self.image = ImageSpec.for_input(self.signature.inputs[0], config)
+        self.labels = load_labels(self.path.parent, config.labels)
+
+    @property
+    def classify_output(self) -> str:
+        """The output whose scores /classify ranks."""
+        return self.config.classify_output or self.signature.outputs[0].name
+
+    def require_image(self) -> ImageSpec:
+        """The image spec of an image model.
+
+        Raises:
+            UnsupportedMediaTypeError: the model does not take images.
+        """
+        if self.image is None:
+            raise UnsupportedMediaTypeError(
+                f"model '{self.name}' does not take images (its config has no input: image)"
+            )
+        return self.image
+
+    @property
+    def engine_name(self) -> str:
+        """`onnx` or `keras` once loaded, else empty."""
+        return self.engine.name if self.engine else ""
+
+    async def predict(
+        self, inputs: dict[str, Array], outputs: tuple[str, ...] = (), timeout_ms: int | None = None
+    ) -> dict[str, Array]:
+        """Run one request through its batcher: named tensors in (model inputs or cut layers), named out.
+
+        With no `outputs`, the model's outputs are returned.
+
+        Raises:
+            NotReadyError: the version is not READY.
+            QueueFullError: too many requests wait already (503).
+            DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
+            BadRequestError: a cut whose outputs need a tensor the request does not give.
+        """
+        if self._thread is None:
+            raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
+        wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
+        names = tuple(sorted(inputs))
+        arrays = [inputs[name] for name in names]
+        key = (names, wanted, tuple((a.shape[1:], a.dtype.str) for a in arrays))
+        batcher = self._batchers.get(key) or self._new_batcher(key, names, wanted)
+        deadline = time.perf_counter() + (timeout_ms or self._timeout_ms) / 1000
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            results = await batcher.submit(arrays, deadline)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        return dict(zip(wanted, results, strict=True))
+
+    async def drain(self) -> None:
+        """Wait until the requests that hold this version have their answers."""
+        if self._in_flight:
+            await self._idle.wait()
+
+    def _new_batcher(self, key: tuple[object, ...], names: tuple[str, ...], wanted: tuple[str, ...]) -> Batcher:
+        if len(self._batchers) >= _MAX_BATCHERS:
+            self._batchers = {k: b for k, b in self._batchers.items() if not b.is_idle}
+
+        def run(arrays: list[Array]) -> list[Array]:
+            results = self._run(dict(zip(names, arrays, strict=True)), wanted)
+            return [results[name] for name in wanted]
+
+        assert self._thread is not None
+        labels = (self.name, str(self.version))
+        inline = self.graph.is_full_model(names, wanted) and self._is_fast
+        batcher = Batcher(run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, labels, inline)
+        self._batchers[key] = batcher
+        return batcher
+
+    def _run(self, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
+        """On the model thread: the full model's engine, or the cut for these names."""
+        assert self.engine is not None and self.cuts is not None
+        if self.graph.is_full_model(tuple(inputs), outputs):
+            results = self.engine.run([inputs[spec.name] for spec in self.signature.inputs])
+            by_name = {spec.name: array for spec, array in zip(self.signature.outputs, results, strict=True)}
+            return {name: by_name[name] for name in outputs}
+        cut = self.cuts.get(tuple(sorted(inputs)), tuple(sorted(set(outputs))))
+        results = cut.engine.run([inputs[name] for name in cut.inputs])
+        by_name = dict(zip(cut.outputs, results, strict=True))
+        return {name: by_name[name] for name in outputs}
+
+    def close(self) -> None:
+        """Drop the cuts and stop the model thread (after the calls already queued on it)."""
+        if self.cuts is not None:
+            self.cuts.close()
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
