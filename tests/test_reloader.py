@@ -1,0 +1,175 @@
+"""The reloader driven poll by poll: new, copying, changed, removed and corrupt versions; pins; unload."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layerserve.errors import NotFoundError
+from layerserve.registry import ModelRegistry
+from layerserve.reloader import LoadFailedError, Reloader
+from layerserve.repository import PIN_FILE
+from layerserve.settings import Settings
+from tests.conftest import build_mlp
+
+pytestmark = pytest.mark.anyio
+
+X = np.random.default_rng(0).normal(size=(3, 10)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two model files with different weights, and what each answers for X."""
+    folder = tmp_path_factory.mktemp("weights")
+    files = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        model = build_mlp(seed)
+        files[name] = folder / f"{name}.keras"
+        model.save(files[name])
+    return files
+
+
+def expected(weights: dict[str, Path], name: str) -> np.ndarray:
+    import keras
+
+    return np.asarray(keras.saving.load_model(weights[name])(X))
+
+
+def add_version(repo: Path, number: int, source: Path) -> None:
+    (repo / "m" / str(number)).mkdir(parents=True)
+    shutil.copyfile(source, repo / "m" / str(number) / "model.keras")
+
+
+async def answer(registry: ModelRegistry, version: int | None = None) -> tuple[int, np.ndarray]:
+    served = registry.get("m", version)
+    return served.version, (await served.predict({"x": X}))["probs"]
+
+
+@pytest.fixture
+async def repo_and_reloader(
+    tmp_path: Path, weights: dict[str, Path]
+) -> AsyncIterator[tuple[Path, Reloader, ModelRegistry]]:
+    repo = tmp_path / "repo"
+    add_version(repo, 1, weights["a"])
+    (repo / "m" / "config.yaml").write_text("version_policy: all\n")
+    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache"))
+    reloader = Reloader(registry)
+    await reloader.start()
+    yield repo, reloader, registry
+    registry.close()
+
+
+async def test_new_version_loads_after_one_stable_interval_then_becomes_active(
+    repo_and_reloader: tuple[Path, Reloader, ModelRegistry], weights: dict[str, Path]
+) -> None:
+    repo, reloader, registry = repo_and_reloader
+    assert registry.is_ready and (await answer(registry))[0] == 1
+    folder = repo / "m" / "2"
+    folder.mkdir()
+    data = weights["b"].read_bytes()
+    (folder / "model.keras").write_bytes(data[: len(data) // 2])  # a copy in progress
+    await reloader.poll()
+    assert 2 not in registry.models["m"].versions
+    (folder / "model.keras").write_bytes(data)  # the copy grows
+    await reloader.poll()
+    assert 2 not in registry.models["m"].versions  # changed since the last poll: still copying
+    await reloader.poll()
+    version, probs = await answer(registry)
+    assert version == 2
+    np.testing.assert_allclose(probs, expected(weights, "b"), atol=1e-5)
+    np.testing.assert_allclose((await answer(registry, 1))[1], expected(weights, "a"), atol=1e-5)
+
+
+async def test_changed_file_is_reloaded_and_removed_version_unloaded(
+    repo_and_reloader: tuple[Path, Reloader, ModelRegistry], weights: dict[str, Path]
+) -> None:
+    repo, reloader, registry = repo_and_reloader
+    add_version(repo, 2, weights["b"])
+    await reloader.poll()
+    await reloader.poll()
+    old = registry.get("m", 1)
+    shutil.copyfile(weights["b"], repo / "m" / "1" / "model.keras")
+    await reloader.poll()
+    await reloader.poll()
+    assert registry.get("m", 1) is not old
+    np.testing.assert_allclose((await answer(registry, 1))[1], expected(weights, "b"), atol=1e-5)
+    shutil.rmtree(repo / "m" / "2")
+    await reloader.poll()
+    assert list(registry.models["m"].versions) == [1]
+    with pytest.raises(NotFoundError, match="no loaded version 2"):
+        registry.get("m", 2)
+
+
+async def test_corrupt_new_version_is_failed_and_the_old_serves(
+    repo_and_reloader: tuple[Path, Reloader, ModelRegistry],
+) -> None:
+    repo, reloader, registry = repo_and_reloader
+    (repo / "m" / "3").mkdir()
+    (repo / "m" / "3" / "model.keras").write_bytes(b"not a model")
+    await reloader.poll()
+    await reloader.poll()
+    rows = {r["version"]: r for r in registry.index()}
+    assert rows["3"]["state"] == "FAILED" and "not a .keras archive" in rows["3"]["reason"]
+    assert (await answer(registry))[0] == 1
+    await reloader.poll()  # unchanged files: no retry
+    assert registry.models["m"].versions[3].state == "FAILED"
+    with pytest.raises(LoadFailedError, match="version 3 failed to load"):
+        await reloader.apply("m", 3)
+
+
+async def test_latest_policy_unloads_older_versions(tmp_path: Path, weights: dict[str, Path]) -> None:
+    repo = tmp_path / "repo"
+    add_version(repo, 1, weights["a"])
+    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache"))
+    reloader = Reloader(registry)
+    await reloader.start()
+    add_version(repo, 2, weights["b"])
+    await reloader.poll()
+    await reloader.poll()
+    assert list(registry.models["m"].versions) == [2]
+    registry.close()
+
+
+async def test_apply_loads_pins_persists_and_survives_a_restart(tmp_path: Path, weights: dict[str, Path]) -> None:
+    repo = tmp_path / "repo"
+    add_version(repo, 1, weights["a"])
+    add_version(repo, 2, weights["b"])
+    settings = Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache")
+    registry = ModelRegistry(settings)
+    reloader = Reloader(registry)
+    await reloader.start()
+    assert list(registry.models["m"].versions) == [2]  # latest: 1
+    await reloader.apply("m", 1)  # not selected by the policy: loaded first
+    assert (await answer(registry))[0] == 1
+    assert (repo / "m" / PIN_FILE).read_text().strip() == "1"
+    add_version(repo, 3, weights["b"])
+    await reloader.poll()
+    await reloader.poll()
+    assert (await answer(registry))[0] == 1  # the pin holds while newer versions arrive
+    assert sorted(registry.models["m"].versions) == [1, 3]
+    registry.close()
+
+    restarted = ModelRegistry(settings)
+    await Reloader(restarted).start()
+    assert (await answer(restarted))[0] == 1
+    await Reloader(restarted).unpin("m")
+    assert not (repo / "m" / PIN_FILE).exists()
+    assert (await answer(restarted))[0] == 3
+    assert list(restarted.models["m"].versions) == [3]
+    restarted.close()
+
+
+async def test_unload_and_load(repo_and_reloader: tuple[Path, Reloader, ModelRegistry]) -> None:
+    _, reloader, registry = repo_and_reloader
+    await reloader.unload_model("m")
+    assert registry.index() == [{"name": "m", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    await reloader.poll()
+    assert not registry.models["m"].versions  # polling leaves it unloaded
+    await reloader.load_model("m")
+    assert (await answer(registry))[0] == 1
+    with pytest.raises(NotFoundError):
+        await reloader.load_model("nope")
