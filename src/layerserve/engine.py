@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -162,6 +163,19 @@ def onnx_cache_path(cache_dir: Path, digest: str) -> Path:
     return cache_dir / f"{digest[:40]}-{tag}.onnx"
 
 
+def _verification_file(cache_file: Path) -> Path:
+    return cache_file.with_name(cache_file.name + ".verified.json")
+
+
+def _verified_difference(cache_file: Path) -> float | None:
+    """The difference recorded when this cached export was verified, or None (never verified, unreadable)."""
+    try:
+        recorded = json.loads(_verification_file(cache_file).read_text())
+        return float(recorded["max_difference"]) if cache_file.exists() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def choose_engine(
     model: Any,
     inputs: tuple[TensorSpec, ...],
@@ -177,9 +191,14 @@ def choose_engine(
     Raises:
         ModelLoadError: `choice` is onnx and the export or its verification failed.
     """
-    keras_engine = keras_engine or KerasEngine(model, inputs)
     if choice == "keras":
-        return EngineChoice(keras_engine, "engine=keras was requested")
+        return EngineChoice(keras_engine or KerasEngine(model, inputs), "engine=keras was requested")
+    verified = _verified_difference(cache_file)
+    if verified is not None and verified <= atol:
+        # The same file was exported and verified before: skip tracing the Keras call again.
+        engine = OnnxEngine(cache_file, inputs, threads)
+        return EngineChoice(engine, f"ONNX verified against Keras (when exported): max difference {verified:.2e}")
+    keras_engine = keras_engine or KerasEngine(model, inputs)
     expected = keras_engine.run(probe)
     try:
         if not cache_file.exists():
@@ -194,6 +213,7 @@ def choose_engine(
         reason = f"ONNX export failed: {first[:300]}"
     else:
         if difference <= atol:
+            _verification_file(cache_file).write_text(json.dumps({"max_difference": difference}))
             return EngineChoice(onnx_engine, f"ONNX verified against Keras: max difference {difference:.2e}")
         reason = f"ONNX verification failed: max difference {difference:.2e} > {atol:.0e}"
     if choice == "onnx":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -15,6 +17,17 @@ from layerserve.version import ModelVersion, VersionState
 log = logging.getLogger(__name__)
 
 __all__ = ["ModelEntry", "ModelRegistry", "ModelVersion", "VersionState"]
+
+
+_BACKGROUND_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    """Loading and exporting yield the CPU to serving: this thread (and those it starts) run niced."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _BACKGROUND_NICENESS)
+    except OSError:  # not permitted here: background work keeps the normal priority
+        log.warning("could not lower the priority of %s", threading.current_thread().name)
 
 
 @dataclass
@@ -46,8 +59,8 @@ class ModelRegistry:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._models: dict[str, ModelEntry] = {}
-        self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader")
-        self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter")
+        self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader", initializer=_lower_priority)
+        self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter", initializer=_lower_priority)
         self._settled = asyncio.Event()
 
     def mark_settled(self) -> None:
