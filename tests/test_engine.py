@@ -28,6 +28,7 @@ def test_onnx_matches_keras_and_is_cached(tmp_path: Path) -> None:
     stamp = cache.stat().st_mtime_ns
     again = choose_engine(model, signature.inputs, "auto", cache, probe, 1e-4, 0)
     assert again.engine.name == "onnx" and cache.stat().st_mtime_ns == stamp
+    assert "(when exported)" in again.reason  # the recorded verification is reused, Keras is not traced
 
 
 def test_export_failure_falls_back_to_keras_or_fails_when_onnx_is_forced(tmp_path: Path) -> None:
@@ -49,7 +50,8 @@ def test_verification_failure_falls_back(tmp_path: Path) -> None:
     other.get_layer("regression").set_weights([w * 2.0 for w in other.get_layer("regression").get_weights()])
     probe = probe_batch(signature.inputs, 2)
     cache = tmp_path / "x.onnx"
-    choose_engine(other, signature.inputs, "onnx", cache, probe, 1e-4, 0)  # a stale graph under this key
+    choose_engine(other, signature.inputs, "onnx", cache, probe, 1e-4, 0)
+    (tmp_path / "x.onnx.verified.json").unlink()  # a stale graph under this key, never verified for it
     choice = choose_engine(model, signature.inputs, "auto", cache, probe, 1e-4, 0)
     assert choice.engine.name == "keras" and "verification failed" in choice.reason
 
