@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
 _LABELS = ("model", "version")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -17,3 +17,11 @@ QUEUE_SECONDS = Histogram(
 COMPUTE_SECONDS = Histogram(
     "layerserve_compute_seconds", "Time of one batched model call.", _LABELS, buckets=_SECONDS_BUCKETS
 )
+
+_CACHE_LABELS = ("model", "backend")
+CACHE_HITS = Counter("layerserve_cache_hits", "Output rows served from the feature cache.", _CACHE_LABELS)
+CACHE_MISSES = Counter("layerserve_cache_misses", "Output rows computed because the cache had none.", _CACHE_LABELS)
+CACHE_ERRORS = Counter(
+    "layerserve_cache_errors", "Feature cache failures (backend errors, malformed values).", _CACHE_LABELS
+)
+CACHE_BYTES = Counter("layerserve_cache_stored_bytes", "Bytes written to the feature cache.", _CACHE_LABELS)

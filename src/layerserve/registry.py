@@ -9,6 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from layerserve.cache import FeatureCache
 from layerserve.errors import NotFoundError, NotReadyError
 from layerserve.repository import ModelSpec
 from layerserve.settings import Settings
@@ -56,8 +57,9 @@ class ModelEntry:
 class ModelRegistry:
     """Every model of the repository, by name; the reloader fills it, requests read it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, cache: FeatureCache | None = None) -> None:
         self.settings = settings
+        self.cache = cache
         self._models: dict[str, ModelEntry] = {}
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader", initializer=_lower_priority)
         self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter", initializer=_lower_priority)
@@ -79,6 +81,7 @@ class ModelRegistry:
 
     async def load(self, version: ModelVersion) -> None:
         """Load a version on the loader thread (off the event loop, one version at a time)."""
+        version.cache = self.cache
         await asyncio.get_running_loop().run_in_executor(self.loader, version.load, self.settings, self.exporter)
 
     def entry(self, name: str) -> ModelEntry:

@@ -63,6 +63,15 @@ class Settings(BaseModel):
         40_000_000, gt=0, description="Largest image (width x height) decoded; larger ones get 413."
     )
     decode_threads: int = Field(0, ge=0, description="Threads decoding and resizing images (0: one per core).")
+    redis_url: str | None = Field(
+        None, description="Redis for the feature cache and store (redis://host:port/db); none: in process memory."
+    )
+    redis_timeout_ms: float = Field(50.0, gt=0, description="Redis socket timeout; slower answers count as misses.")
+    cache_ttl_s: float = Field(3600.0, ge=0, description="Lifetime of a feature cache entry (0: no expiry).")
+    cache_max_bytes: int = Field(
+        256 * 1024 * 1024, gt=0, description="Memory of the in-process feature cache (least recently used dropped)."
+    )
+    cache_key_prefix: str = Field("layerserve:", description="Prefix of every Redis key layerserve writes.")
     feature_store_bytes: int = Field(
         256 * 1024 * 1024, gt=0, description="Memory for feature vectors stored by id (least recently used dropped)."
     )
@@ -166,6 +175,7 @@ class ModelConfig(BaseModel):
     max_batch_size: int | None = Field(None, ge=1, description="Largest batch (default: the server's).")
     max_delay_ms: float | None = Field(None, ge=0, description="Wait for a fuller batch (default: the server's).")
     max_queue_size: int | None = Field(None, ge=1, description="Requests waiting (default: the server's).")
+    cache: bool = Field(False, description="Serve repeated inputs from the feature cache (row by row).")
     input: Literal["tensor", "image"] = Field(
         "tensor", description="image: /classify, /features and V2 BYTES inputs take encoded images."
     )

@@ -11,7 +11,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from layerserve.batcher import Batcher, QueueBudget
+from layerserve.cache import FeatureCache
 from layerserve.cuts import CutCache
 from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
 from layerserve.errors import LayerserveError, NotReadyError, UnsupportedMediaTypeError
@@ -53,6 +56,7 @@ class ModelVersion:
     cuts: CutCache | None = None
     image: ImageSpec | None = None
     labels: list[str] | None = None
+    cache: FeatureCache | None = None
     engine_reason: str = ""
     layer_count: int = 0
     load_seconds: float = 0.0
@@ -181,9 +185,13 @@ class ModelVersion:
         return self.engine.name if self.engine else ""
 
     async def predict(
-        self, inputs: dict[str, Array], outputs: tuple[str, ...] = (), timeout_ms: int | None = None
+        self,
+        inputs: dict[str, Array],
+        outputs: tuple[str, ...] = (),
+        timeout_ms: int | None = None,
+        use_cache: bool = True,
     ) -> dict[str, Array]:
-        """Run one request through its batcher: named tensors in (model inputs or cut layers), named out.
+        """Answer one request: cached rows from the feature cache (when enabled), the rest computed.
 
         With no `outputs`, the model's outputs are returned.
 
@@ -193,9 +201,35 @@ class ModelVersion:
             DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
             BadRequestError: a cut whose outputs need a tensor the request does not give.
         """
+        wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
+        cache = self.cache if use_cache and self.config.cache else None
+        if cache is None:
+            return await self._compute(inputs, wanted, timeout_ms)
+        keys = cache.row_keys(self.name, self.version, wanted, inputs)
+        rows = await cache.lookup(keys, len(wanted), self.name)
+        misses = [index for index, row in enumerate(rows) if row is None]
+        if misses:
+            computed = await self._compute({n: a[misses] for n, a in inputs.items()}, wanted, timeout_ms)
+            fresh = [[computed[name][j] for name in wanted] for j in range(len(misses))]
+            await cache.store([keys[i] for i in misses], fresh, self.name)
+            for index, row in zip(misses, fresh, strict=True):
+                rows[index] = row
+        return {name: np.stack([row[k] for row in rows if row is not None]) for k, name in enumerate(wanted)}
+
+    async def _compute(
+        self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None
+    ) -> dict[str, Array]:
+        """Run one request through its batcher: named tensors in (model inputs or cut layers), named out.
+
+        Raises:
+            NotReadyError: the version is not READY.
+            QueueFullError: too many requests wait already (503).
+            DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
+            BadRequestError: a cut whose outputs need a tensor the request does not give.
+        """
         if self._thread is None:
             raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
-        wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
+        wanted = outputs
         names = tuple(sorted(inputs))
         arrays = [inputs[name] for name in names]
         key = (names, wanted, tuple((a.shape[1:], a.dtype.str) for a in arrays))

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from layerserve.cache import CacheBackend, FeatureCache, InProcessBackend, RedisBackend, wait_closed
 from layerserve.errors import LayerserveError
 from layerserve.feature_store import FeatureStore
 from layerserve.http import (
@@ -52,7 +53,13 @@ async def _unexpected_error(request: Request, error: Exception) -> Response:
 
 def create_app(settings: Settings) -> Starlette:
     """The ASGI app serving `settings.model_repository`; models load in the background at start-up."""
-    registry = ModelRegistry(settings)
+    cache_backend: CacheBackend = (
+        RedisBackend(settings.redis_url, settings.redis_timeout_ms / 1000)
+        if settings.redis_url
+        else InProcessBackend(settings.cache_max_bytes)
+    )
+    store_backend = cache_backend if settings.redis_url else InProcessBackend(settings.feature_store_bytes)
+    registry = ModelRegistry(settings, FeatureCache(cache_backend, settings.cache_ttl_s, settings.cache_key_prefix))
     decode_pool = ThreadPoolExecutor(settings.decode_threads or os.cpu_count(), thread_name_prefix="image-decoder")
 
     reloader = Reloader(registry)
@@ -72,6 +79,7 @@ def create_app(settings: Settings) -> Starlette:
             await asyncio.gather(syncing, return_exceptions=True)
             registry.close()
             decode_pool.shutdown(wait=False, cancel_futures=True)
+            await wait_closed(cache_backend)
 
     app = Starlette(
         routes=[
@@ -93,5 +101,5 @@ def create_app(settings: Settings) -> Starlette:
     app.state.registry = registry
     app.state.reloader = reloader
     app.state.decoder = ImageDecoder(decode_pool, settings.max_image_pixels)
-    app.state.features = FeatureStore(settings.feature_store_bytes)
+    app.state.features = FeatureStore(store_backend, settings.cache_key_prefix)
     return app

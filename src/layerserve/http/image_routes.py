@@ -8,11 +8,12 @@ from starlette.routing import Route
 
 from layerserve.errors import BadRequestError
 from layerserve.feature_store import FeatureStore, StoredFeature, check_ids
-from layerserve.http.bodies import NPY_MEDIA_TYPE, JSONResponse, npy_bytes, read_images, wants_npy
+from layerserve.http.bodies import NPY_MEDIA_TYPE, JSONResponse, npy_bytes, read_body, read_images, wants_npy
 from layerserve.http.v2_routes import parse_version
 from layerserve.images import ImageDecoder
 from layerserve.labels import top_k
 from layerserve.pooling import POOLS, pool_features
+from layerserve.protocols.v2 import load_json_object
 from layerserve.registry import ModelRegistry
 
 
@@ -62,9 +63,11 @@ async def features(request: Request) -> Response:
     if ids:
         check_ids(ids, len(payloads))
     batch = await decoder.decode_batch(payloads, spec)
-    vectors = pool_features((await version.predict({spec.input_name: batch}, (layer,)))[layer], pool)
-    for feature_id, vector in zip(ids, vectors, strict=False):
-        store.put(version.name, StoredFeature(feature_id, version.version, layer, vector))
+    use_cache = request.query_params.get("cache") != "false"
+    vectors = pool_features((await version.predict({spec.input_name: batch}, (layer,), None, use_cache))[layer], pool)
+    if ids:
+        stored = [StoredFeature(i, version.version, layer, v) for i, v in zip(ids, vectors, strict=True)]
+        await store.put_many(version.name, stored)
     if wants_npy(request):
         return Response(npy_bytes(vectors), media_type=NPY_MEDIA_TYPE)
     return JSONResponse(
@@ -73,16 +76,38 @@ async def features(request: Request) -> Response:
     )  # fmt: skip
 
 
+def _query_version(request: Request) -> int | None:
+    raw = request.query_params.get("version")
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadRequestError(f"query 'version' must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
 async def stored_feature(request: Request) -> Response:
-    """GET /v2/models/{model}/features/{id}: a stored vector, JSON or .npy."""
+    """GET /v2/models/{model}/features/{id}[?layer=L&version=V]: a stored vector, JSON or .npy."""
     store: FeatureStore = request.app.state.features
-    feature = store.get(request.path_params["model"], request.path_params["feature_id"])
+    feature = await store.get(
+        request.path_params["model"], request.path_params["feature_id"],
+        _query_version(request), request.query_params.get("layer"),
+    )  # fmt: skip
     if wants_npy(request):
         return Response(npy_bytes(feature.array), media_type=NPY_MEDIA_TYPE)
-    return JSONResponse(
-        {"id": feature.id, "model_version": str(feature.model_version), "layer": feature.layer,
-         "datatype": str(feature.array.dtype), "shape": list(feature.array.shape), "data": feature.array}
-    )  # fmt: skip
+    return JSONResponse(feature.to_dict())
+
+
+async def stored_features(request: Request) -> Response:
+    """POST /v2/models/{model}/features/batch {"ids": [...], "layer"?, "version"?}: many stored vectors."""
+    store: FeatureStore = request.app.state.features
+    body = load_json_object(await read_body(request, request.app.state.settings.max_body_bytes), "the request body")
+    ids, layer, version = body.get("ids"), body.get("layer"), body.get("version")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids) or len(ids) > 10_000:
+        raise BadRequestError("'ids' must be a non-empty list of at most 10000 strings")
+    if (layer is not None and not isinstance(layer, str)) or (version is not None and type(version) is not int):
+        raise BadRequestError("'layer' must be a string and 'version' an integer")
+    found = await store.get_many(request.path_params["model"], ids, version, layer)
+    return JSONResponse({"features": {i: f.to_dict() if f else None for i, f in zip(ids, found, strict=True)}})
 
 
 _MODEL = "/v2/models/{model}"
@@ -91,5 +116,6 @@ _VERSION = "/v2/models/{model}/versions/{version}"
 routes = [
     *(Route(f"{prefix}/classify", classify, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
     *(Route(f"{prefix}/features", features, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
+    Route("/v2/models/{model}/features/batch", stored_features, methods=["POST"]),
     Route("/v2/models/{model}/features/{feature_id}", stored_feature, methods=["GET"]),
 ]

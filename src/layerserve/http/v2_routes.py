@@ -96,7 +96,8 @@ async def infer(request: Request) -> Response:
     encoded = version.image.input_name if version.image else None
     parsed = v2.parse_infer_request(body, request.headers.get(v2.HEADER_LENGTH), version.graph, encoded)
     inputs = await request.app.state.decoder.decode_inputs(parsed.inputs, version.image)
-    outputs = await version.predict(inputs, tuple(output.name for output in parsed.outputs), parsed.timeout_ms)
+    requested = tuple(output.name for output in parsed.outputs)
+    outputs = await version.predict(inputs, requested, parsed.timeout_ms, parsed.use_cache)
     content, header_length = v2.encode_infer_response(version.name, version.version, parsed, outputs, version.labels)
     if header_length is None:
         return Response(content, media_type="application/json")

@@ -48,6 +48,7 @@ class InferRequest:
     outputs: tuple[RequestedOutput, ...]
     binary_output: bool
     timeout_ms: int | None = None
+    use_cache: bool = True
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -215,6 +216,7 @@ def parse_infer_request(
         outputs=_requested_outputs(request.get("outputs"), graph),
         binary_output=bool(parameters.get("binary_data_output", False)),
         timeout_ms=_timeout_ms(parameters),
+        use_cache=parameters.get("cache", True) is not False,
     )
 
 
