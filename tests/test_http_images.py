@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +193,38 @@ def test_non_image_model_and_bad_queries(demo_server: LiveServer) -> None:
     assert response.status_code == 400 and "one id per input" in response.json()["error"]
     response = classify(demo_server, "efficientnet_lite0", photo("chelsea.png"), "image/png", "?top_k=0")
     assert response.status_code == 400 and "top_k" in response.json()["error"]
+
+
+def _hits(server: LiveServer) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    found = re.search(r'^layerserve_cache_hits_total{backend="memory",model="efficientnet_lite0"} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_encoded_images_hit_the_cache_before_decoding(demo_server: LiveServer) -> None:
+    url = f"{demo_server.url}/v2/models/efficientnet_lite0/features?layer=block7_add&pool=avg"
+    body, headers = as_jpeg(photo("coffee.png")), {"Content-Type": "image/jpeg"}
+    first = httpx.post(url, content=body, headers=headers).json()["features"]
+    before = _hits(demo_server)
+    second = httpx.post(url, content=body, headers=headers).json()["features"]
+    assert _hits(demo_server) == before + 1
+    assert second == first
+    bypassed = httpx.post(f"{url}&cache=false", content=body, headers=headers).json()["features"]
+    assert _hits(demo_server) == before + 1
+    np.testing.assert_allclose(np.array(bypassed), np.array(first), atol=1e-5)
+
+
+def test_batch_read_of_stored_features(demo_server: LiveServer) -> None:
+    url = f"{demo_server.url}/v2/models/efficientnet_lite0"
+    files = [
+        ("image", ("a.png", photo("chelsea.png"), "image/png")),
+        ("image", ("b.png", photo("coffee.png"), "image/png")),
+    ]
+    stored = httpx.post(f"{url}/features?layer=avg_pool&ids=batch-a,batch-b", files=files).json()["features"]
+    found = httpx.post(f"{url}/features/batch", json={"ids": ["batch-b", "missing", "batch-a"]}).json()["features"]
+    assert found["missing"] is None
+    np.testing.assert_allclose(np.array(found["batch-a"]["data"]), np.array(stored[0]), atol=1e-6)
+    np.testing.assert_allclose(np.array(found["batch-b"]["data"]), np.array(stored[1]), atol=1e-6)
+    assert found["batch-a"]["layer"] == "avg_pool" and found["batch-a"]["shape"] == [1280]
+    bad = httpx.post(f"{url}/features/batch", json={"ids": "batch-a"})
+    assert bad.status_code == 400 and "'ids' must be a non-empty list" in bad.json()["error"]

@@ -173,3 +173,27 @@ async def test_unload_and_load(repo_and_reloader: tuple[Path, Reloader, ModelReg
     assert (await answer(registry))[0] == 1
     with pytest.raises(NotFoundError):
         await reloader.load_model("nope")
+
+
+async def test_deselected_versions_serve_until_their_replacements_are_ready(
+    tmp_path: Path, weights: dict[str, Path]
+) -> None:
+    repo = tmp_path / "repo"
+    add_version(repo, 1, weights["a"])
+    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache"))
+    reloader = Reloader(registry)
+    await reloader.start()
+    add_version(repo, 2, weights["b"])
+    add_version(repo, 3, weights["a"])
+    await reloader.poll()  # 2 and 3 seen once (maybe still copying): 1 must keep serving
+    assert (await answer(registry))[0] == 1
+    (repo / "m" / "4").mkdir()
+    (repo / "m" / "4" / "model.keras").write_bytes(b"corrupt")
+    await reloader.poll()
+    await reloader.poll()  # 4 is the only selected version and it FAILED: 1 keeps serving
+    assert (await answer(registry))[0] == 1
+    shutil.rmtree(repo / "m" / "4")
+    await reloader.poll()
+    await reloader.poll()
+    assert (await answer(registry))[0] == 3 and list(registry.models["m"].versions) == [3]
+    registry.close()

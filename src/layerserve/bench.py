@@ -66,11 +66,18 @@ def _get_json(url: str) -> Any:
 
 
 def build_workload(
-    url: str, model: str, kind: str, rows: int, image: Path | None, outputs: tuple[str, ...] = ()
+    url: str,
+    model: str,
+    kind: str,
+    rows: int,
+    image: Path | None,
+    outputs: tuple[str, ...] = (),
+    use_cache: bool = True,
 ) -> Workload:
     """The request for a workload, built from the model's metadata (tensor) or an image file (image).
 
-    `outputs` (tensor workloads) names the outputs or layers to ask for; default: the model's outputs.
+    `outputs` names the outputs or layers to ask for (default: the model's outputs); for the image
+    workload, a layer makes it `/features?layer=...` instead of `/classify`.
 
     Raises:
         BadRequestError: an unknown workload, or an image workload without an image file.
@@ -79,22 +86,25 @@ def build_workload(
         if image is None:
             raise BadRequestError("the image workload needs --image FILE")
         media = "image/png" if image.suffix.lower() == ".png" else "image/jpeg"
-        return Workload(kind, f"/v2/models/{model}/classify", image.read_bytes(), {"Content-Type": media}, 1)
+        route = f"features?layer={outputs[0]}&" if outputs else "classify?"
+        path = f"/v2/models/{model}/{route}cache={'true' if use_cache else 'false'}"
+        return Workload(kind, path, image.read_bytes(), {"Content-Type": media}, 1)
     if kind not in WORKLOADS:
         raise BadRequestError(f"workload must be one of {', '.join(WORKLOADS)}, got {kind!r}")
     meta = _get_json(f"{url}/v2/models/{model}")
     specs = tuple(TensorSpec(i["name"], i["datatype"], tuple(i["shape"])) for i in meta["inputs"])
     batch = probe_batch(specs, rows)
     path = f"/v2/models/{model}/infer"
-    wanted = {"outputs": [{"name": name} for name in outputs]} if outputs else {}
+    wanted: dict[str, object] = {"outputs": [{"name": name} for name in outputs]} if outputs else {}
+    parameters: dict[str, object] = {} if use_cache else {"cache": False}
     if kind == "tensor-json":
         inputs = [{"name": s.name, "shape": list(a.shape), "datatype": s.datatype, "data": a.reshape(-1)}
                   for s, a in zip(specs, batch, strict=True)]  # fmt: skip
-        body = orjson.dumps({"inputs": inputs, **wanted}, option=orjson.OPT_SERIALIZE_NUMPY)
+        body = orjson.dumps({"inputs": inputs, **wanted, "parameters": parameters}, option=orjson.OPT_SERIALIZE_NUMPY)
         return Workload(kind, path, body, {"Content-Type": "application/json"}, rows)
     inputs = [{"name": s.name, "shape": list(a.shape), "datatype": s.datatype,
                "parameters": {"binary_data_size": a.nbytes}} for s, a in zip(specs, batch, strict=True)]  # fmt: skip
-    header = orjson.dumps({"inputs": inputs, **wanted, "parameters": {"binary_data_output": True}})
+    header = orjson.dumps({"inputs": inputs, **wanted, "parameters": {"binary_data_output": True, **parameters}})
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
     return Workload(kind, path, header + b"".join(a.tobytes() for a in batch), headers, rows)
 
@@ -235,6 +245,7 @@ class BenchOptions:
     rows: int = 1
     image: Path | None = None
     outputs: tuple[str, ...] = ()
+    use_cache: bool = True
     in_process: Path | None = None
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     bare: bool = False
@@ -267,7 +278,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     import multiprocessing
 
     workload = build_workload(
-        options.url, options.model, options.workload, options.rows, options.image, options.outputs
+        options.url, options.model, options.workload, options.rows, options.image, options.outputs, options.use_cache
     )
     report: dict[str, Any] = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}}
     if options.in_process is not None:

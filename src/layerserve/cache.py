@@ -163,6 +163,16 @@ class FeatureCache:
             keys.append(f"{self._prefix}cache:{model}:{version}:{digest.hexdigest()}")
         return keys
 
+    def encoded_keys(self, model: str, version: int, salt: str, output: str, payloads: list[bytes]) -> list[str]:
+        """One key per encoded input (an image file): SHA-256 over its bytes, the output and `salt` (the
+        preprocessing config), so that a hit skips decoding too."""
+        keys = []
+        for payload in payloads:
+            digest = hashlib.sha256(f"encoded\0{salt}\0{output}\0".encode())
+            digest.update(payload)
+            keys.append(f"{self._prefix}cache:{model}:{version}:{digest.hexdigest()}")
+        return keys
+
     async def lookup(self, keys: list[str], count: int, model: str) -> list[list[Array] | None]:
         """The cached rows (None for a miss); a backend error makes every row a miss."""
         try:

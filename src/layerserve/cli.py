@@ -93,6 +93,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = BenchOptions(
         url=args.url.rstrip("/"), model=args.model, workload=args.workload, concurrency=args.concurrency,
         duration_s=args.duration_s, rows=args.rows, image=args.image, outputs=tuple(args.outputs),
+        use_cache=not args.no_cache,
         in_process=args.in_process,
         bare=args.bare, client_processes=args.client_processes, output=args.output, plot=args.plot,
     )  # fmt: skip
@@ -137,9 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tensor: V2 binary infer; tensor-json: V2 JSON; image: /classify with --image")  # fmt: skip
     bench.add_argument("--image", type=Path, default=None, help="the photo sent by the image workload")
     bench.add_argument("--rows", type=int, default=1, help="rows per tensor request")
-    bench.add_argument("--outputs", nargs="*", default=[], help="outputs or layers to ask for (tensor workloads)")
+    bench.add_argument("--outputs", nargs="*", default=[], help="outputs or layers (image: /features of a layer)")
     bench.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     bench.add_argument("--duration-s", type=float, default=10.0, help="seconds per concurrency")
+    bench.add_argument("--no-cache", action="store_true", help="ask the server to bypass its feature cache")
     bench.add_argument("--in-process", type=Path, default=None, metavar="REPOSITORY",
                        help="also measure the model in process (best batch, same engine): the ceiling")  # fmt: skip
     bench.add_argument("--bare", action="store_true", help="also measure the bare HTTP stack returning a constant")

@@ -167,8 +167,12 @@ class Reloader:
                 self._seen[(name, number)] = files  # new or changed: load once unchanged for one interval
                 continue
             await self._load(entry, number, path, files)
+        # Versions whose folder is gone leave now; those the policy no longer selects stay until every
+        # selected version serves, so that a model is never left without one while newer ones load.
+        is_complete = all(number in entry.versions and entry.versions[number].is_ready for number in spec.versions)
         for number in set(entry.versions) - set(spec.versions):
-            self._retire(entry.versions.pop(number))
+            if number not in spec.present or is_complete:
+                self._retire(entry.versions.pop(number))
         return entry
 
     async def _load(self, entry: ModelEntry, number: int, path: Path, files: Fingerprint | None = None) -> ModelVersion:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -18,7 +19,7 @@ from layerserve.cache import FeatureCache
 from layerserve.cuts import CutCache
 from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
 from layerserve.errors import LayerserveError, NotReadyError, UnsupportedMediaTypeError
-from layerserve.images import ImageSpec
+from layerserve.images import ImageDecoder, ImageSpec
 from layerserve.labels import load_labels
 from layerserve.layers import LayerGraph
 from layerserve.model import Signature, file_digest, find_model_file, load_model, read_signature
@@ -57,6 +58,7 @@ class ModelVersion:
     image: ImageSpec | None = None
     labels: list[str] | None = None
     cache: FeatureCache | None = None
+    _config_digest: str = ""
     engine_reason: str = ""
     layer_count: int = 0
     load_seconds: float = 0.0
@@ -156,6 +158,7 @@ class ModelVersion:
     def _read_config(self) -> None:
         """Image input and labels from config.yaml, checked against the signature."""
         config = self.config
+        self._config_digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
         if config.classify_output is not None:
             self.graph.spec(config.classify_output, "output")
         if config.input == "image":
@@ -215,6 +218,32 @@ class ModelVersion:
             for index, row in zip(misses, fresh, strict=True):
                 rows[index] = row
         return {name: np.stack([row[k] for row in rows if row is not None]) for k, name in enumerate(wanted)}
+
+    async def image_output(
+        self, payloads: list[bytes], output: str, decoder: ImageDecoder, use_cache: bool = True
+    ) -> Array:
+        """Encoded images -> one output's rows; the feature cache (when enabled) is keyed by the encoded
+        bytes, so a hit skips decoding as well as the model.
+
+        Raises:
+            UnsupportedMediaTypeError: the model does not take images.
+            UnprocessableImageError, PayloadTooLargeError: a bad image.
+        """
+        spec = self.require_image()
+        cache = self.cache if use_cache and self.config.cache else None
+        if cache is None:
+            batch = await decoder.decode_batch(payloads, spec)
+            return (await self.predict({spec.input_name: batch}, (output,), use_cache=False))[output]
+        keys = cache.encoded_keys(self.name, self.version, self._config_digest, output, payloads)
+        rows = await cache.lookup(keys, 1, self.name)
+        misses = [index for index, row in enumerate(rows) if row is None]
+        if misses:
+            batch = await decoder.decode_batch([payloads[i] for i in misses], spec)
+            computed = (await self.predict({spec.input_name: batch}, (output,), use_cache=False))[output]
+            await cache.store([keys[i] for i in misses], [[row] for row in computed], self.name)
+            for index, row in zip(misses, computed, strict=True):
+                rows[index] = [row]
+        return np.stack([row[0] for row in rows if row is not None])
 
     async def _compute(
         self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None

@@ -20,6 +20,7 @@ interpolation: bilinear
 preprocess: raw
 labels: imagenet
 max_batch_size: 8
+cache: true
 """
 
 EMOTION_CONFIG = """\

@@ -17,6 +17,11 @@ from layerserve.protocols.v2 import load_json_object
 from layerserve.registry import ModelRegistry
 
 
+def _use_cache(request: Request) -> bool:
+    """Query `cache=false` bypasses the feature cache."""
+    return request.query_params.get("cache") != "false"
+
+
 def _query_int(request: Request, name: str, default: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
@@ -50,7 +55,7 @@ async def features(request: Request) -> Response:
     decoder: ImageDecoder = request.app.state.decoder
     store: FeatureStore = request.app.state.features
     version = registry.get(request.path_params["model"], parse_version(request))
-    spec = version.require_image()
+    version.require_image()
     layer = request.query_params.get("layer")
     if not layer:
         raise BadRequestError("query 'layer' is required: the layer whose output is the feature vector")
@@ -62,9 +67,7 @@ async def features(request: Request) -> Response:
     ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
     if ids:
         check_ids(ids, len(payloads))
-    batch = await decoder.decode_batch(payloads, spec)
-    use_cache = request.query_params.get("cache") != "false"
-    vectors = pool_features((await version.predict({spec.input_name: batch}, (layer,), None, use_cache))[layer], pool)
+    vectors = pool_features(await version.image_output(payloads, layer, decoder, _use_cache(request)), pool)
     if ids:
         stored = [StoredFeature(i, version.version, layer, v) for i, v in zip(ids, vectors, strict=True)]
         await store.put_many(version.name, stored)
