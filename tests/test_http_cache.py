@@ -117,6 +117,10 @@ def test_redis_outage_fails_no_request_and_hits_resume(cached_server: LiveServer
         after = counters(cached_server.url)
         stop.set()
         sent = sum(c.result() for c in clients)
+    print(  # the closing note's outage figures (pytest -s)
+        f"outage: {sent} requests, {len(failures)} failed; errors during outage "
+        f"{delta(before_outage, during, 'errors'):.0f}, hits after restart {delta(during, after, 'hits'):.0f}"
+    )
     assert failures == [] and sent > 50
     assert delta(before_outage, during, "errors") > 0  # the outage was seen and counted
     assert delta(during, after, "hits") > 0  # hits resumed by themselves after the restart
