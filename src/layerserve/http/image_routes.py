@@ -22,7 +22,7 @@ def _use_cache(request: Request) -> bool:
     return request.query_params.get("cache") != "false"
 
 
-def _query_int(request: Request, name: str, default: int) -> int:
+def _query_int(request: Request, name: str, default: int | None) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
         return default
@@ -37,7 +37,7 @@ async def classify(request: Request) -> Response:
     decoder: ImageDecoder = request.app.state.decoder
     version = registry.get(request.path_params["model"], parse_version(request))
     spec = version.require_image()
-    k = _query_int(request, "top_k", 5)
+    k = _query_int(request, "top_k", 5) or 5
     batch = await decoder.decode_batch(await read_images(request, request.app.state.settings.max_body_bytes), spec)
     scores = (await version.predict({spec.input_name: batch}, (version.classify_output,)))[version.classify_output]
     return JSONResponse(
@@ -79,21 +79,12 @@ async def features(request: Request) -> Response:
     )  # fmt: skip
 
 
-def _query_version(request: Request) -> int | None:
-    raw = request.query_params.get("version")
-    if raw is None:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise BadRequestError(f"query 'version' must be a positive integer, got {raw!r}")
-    return int(raw)
-
-
 async def stored_feature(request: Request) -> Response:
     """GET /v2/models/{model}/features/{id}[?layer=L&version=V]: a stored vector, JSON or .npy."""
     store: FeatureStore = request.app.state.features
     feature = await store.get(
         request.path_params["model"], request.path_params["feature_id"],
-        _query_version(request), request.query_params.get("layer"),
+        _query_int(request, "version", None), request.query_params.get("layer"),
     )  # fmt: skip
     if wants_npy(request):
         return Response(npy_bytes(feature.array), media_type=NPY_MEDIA_TYPE)
