@@ -55,6 +55,7 @@ def test_values_round_trip_and_garbage_is_a_miss() -> None:
     assert decode_arrays(raw[:-3], 3) is None  # shorter than its header says
     assert decode_arrays(raw + b"x", 3) is None  # longer
     assert decode_arrays(b"\x80\x04pickle", 1) is None
+    assert decode_arrays(raw.replace(b"<f2", b"|O8"), 3) is None  # an object dtype is refused
 
 
 def test_row_keys_depend_on_data_dtype_shape_and_outputs() -> None:

@@ -1,13 +1,12 @@
 """FeatureCache: output rows by (model, version, outputs, input bytes), in process or on Redis; fails soft.
 
-Values are `.npy` bytes (dtype and shape kept, read with allow_pickle=False): nothing is ever unpickled.
+Values hold each array's dtype, shape and raw bytes behind a checked header: nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import logging
 import struct
 import threading
@@ -28,30 +27,39 @@ _ERROR_LOG_INTERVAL_S = 30.0
 
 
 def encode_arrays(arrays: list[Array]) -> bytes:
-    """Arrays as one value: magic, count, then each array's `.npy` bytes with its length."""
+    """Arrays as one value: magic, count, then per array its dtype, shape, byte length and raw bytes."""
     parts = [_MAGIC, _U32.pack(len(arrays))]
-    for array in arrays:
-        buffer = io.BytesIO()
-        np.save(buffer, np.asarray(array), allow_pickle=False)
-        parts += [_U32.pack(buffer.tell()), buffer.getvalue()]
+    for value in arrays:
+        array = np.asarray(value)  # not ascontiguousarray: it turns 0-d arrays into 1-d ones
+        array = array if array.flags.c_contiguous else array.copy()
+        dtype = array.dtype.str.encode("ascii")
+        parts += [bytes([len(dtype)]), dtype, bytes([array.ndim]), struct.pack(f"<{array.ndim}I", *array.shape)]
+        parts += [_U32.pack(array.nbytes), array.tobytes()]
     return b"".join(parts)
 
 
 def decode_arrays(raw: bytes, count: int) -> list[Array] | None:
-    """The arrays of a value, or None when it is not exactly `count` well-formed arrays (a miss, not a crash)."""
+    """The arrays of a value, or None when it is not exactly `count` well-formed numeric arrays whose
+    lengths match their headers (a miss, not a crash). Object dtypes are refused: nothing is unpickled."""
     try:
         if raw[:4] != _MAGIC or _U32.unpack_from(raw, 4)[0] != count:
             return None
         arrays, offset = [], 8
         for _ in range(count):
-            (size,) = _U32.unpack_from(raw, offset)
+            size = raw[offset]
+            dtype = np.dtype(raw[offset + 1 : offset + 1 + size].decode("ascii"))
+            offset += 1 + size
+            ndim = raw[offset]
+            shape = struct.unpack_from(f"<{ndim}I", raw, offset + 1)
+            offset += 1 + 4 * ndim
+            (nbytes,) = _U32.unpack_from(raw, offset)
             offset += 4
-            if offset + size > len(raw):
+            if dtype.kind not in "biuf" or nbytes != dtype.itemsize * int(np.prod(shape)) or offset + nbytes > len(raw):
                 return None
-            arrays.append(np.load(io.BytesIO(raw[offset : offset + size]), allow_pickle=False))
-            offset += size
+            arrays.append(np.frombuffer(raw, dtype, int(np.prod(shape)), offset).reshape(shape))
+            offset += nbytes
         return arrays if offset == len(raw) else None
-    except (ValueError, struct.error, EOFError, OSError):
+    except (ValueError, TypeError, IndexError, struct.error, UnicodeDecodeError):
         return None
 
 
@@ -192,7 +200,12 @@ class FeatureCache:
         return rows
 
     async def store(self, keys: list[str], rows: list[list[Array]], model: str) -> None:
-        """Store computed rows (errors are logged and counted; the answer does not wait for retries)."""
+        """Store computed rows (errors are logged and counted; the answer does not wait for retries).
+
+        Rows holding strings (BYTES) are not cached: only numeric arrays are stored.
+        """
+        if any(array.dtype.kind not in "biuf" for row in rows for array in row):
+            return
         items = [(key, encode_arrays(row)) for key, row in zip(keys, rows, strict=True)]
         try:
             await self.backend.set_many(items, self._ttl_s)

@@ -10,10 +10,10 @@ POOLS = ("none", "avg", "max")
 def pool_features(output: Array, pool: str | None) -> Array:
     """`avg`/`max` over every axis between the batch and the last (spatial or time); `none` keeps the shape.
 
-    The default (None) is `avg` for maps with such axes and `none` for vectors.
+    The default (None, or "default") is `avg` for maps with such axes and `none` for vectors.
     """
     axes = tuple(range(1, output.ndim - 1))
-    chosen = pool or ("avg" if axes else "none")
+    chosen = pool if pool in POOLS else ("avg" if axes else "none")
     if chosen == "none" or not axes:
         return output
     pooled: Array = output.mean(axis=axes) if chosen == "avg" else output.max(axis=axes)

@@ -23,6 +23,7 @@ from layerserve.images import ImageDecoder, ImageSpec
 from layerserve.labels import load_labels
 from layerserve.layers import LayerGraph
 from layerserve.model import Signature, file_digest, find_model_file, load_model, read_signature
+from layerserve.pooling import pool_features
 from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
 
@@ -220,10 +221,10 @@ class ModelVersion:
         return {name: np.stack([row[k] for row in rows if row is not None]) for k, name in enumerate(wanted)}
 
     async def image_output(
-        self, payloads: list[bytes], output: str, decoder: ImageDecoder, use_cache: bool = True
+        self, payloads: list[bytes], output: str, decoder: ImageDecoder, use_cache: bool = True, pool: str = ""
     ) -> Array:
-        """Encoded images -> one output's rows; the feature cache (when enabled) is keyed by the encoded
-        bytes, so a hit skips decoding as well as the model.
+        """Encoded images -> one output's rows, pooled per `pool` (see pool_features; "" keeps them); the
+        feature cache (when enabled) is keyed by the encoded bytes, so a hit skips decoding and pooling.
 
         Raises:
             UnsupportedMediaTypeError: the model does not take images.
@@ -233,17 +234,23 @@ class ModelVersion:
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
             batch = await decoder.decode_batch(payloads, spec)
-            return (await self.predict({spec.input_name: batch}, (output,), use_cache=False))[output]
-        keys = cache.encoded_keys(self.name, self.version, self._config_digest, output, payloads)
+            return self._pooled(await self.predict({spec.input_name: batch}, (output,), use_cache=False), output, pool)
+        keys = cache.encoded_keys(self.name, self.version, f"{self._config_digest}:{pool}", output, payloads)
         rows = await cache.lookup(keys, 1, self.name)
         misses = [index for index, row in enumerate(rows) if row is None]
         if misses:
             batch = await decoder.decode_batch([payloads[i] for i in misses], spec)
-            computed = (await self.predict({spec.input_name: batch}, (output,), use_cache=False))[output]
+            computed = self._pooled(
+                await self.predict({spec.input_name: batch}, (output,), use_cache=False), output, pool
+            )
             await cache.store([keys[i] for i in misses], [[row] for row in computed], self.name)
             for index, row in zip(misses, computed, strict=True):
                 rows[index] = [row]
         return np.stack([row[0] for row in rows if row is not None])
+
+    @staticmethod
+    def _pooled(outputs: dict[str, Array], output: str, pool: str) -> Array:
+        return pool_features(outputs[output], pool or None) if pool else outputs[output]
 
     async def _compute(
         self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None

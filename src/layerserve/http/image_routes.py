@@ -12,7 +12,7 @@ from layerserve.http.bodies import NPY_MEDIA_TYPE, JSONResponse, npy_bytes, read
 from layerserve.http.v2_routes import parse_version
 from layerserve.images import ImageDecoder
 from layerserve.labels import top_k
-from layerserve.pooling import POOLS, pool_features
+from layerserve.pooling import POOLS
 from layerserve.protocols.v2 import load_json_object
 from layerserve.registry import ModelRegistry
 
@@ -67,7 +67,7 @@ async def features(request: Request) -> Response:
     ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
     if ids:
         check_ids(ids, len(payloads))
-    vectors = pool_features(await version.image_output(payloads, layer, decoder, _use_cache(request)), pool)
+    vectors = await version.image_output(payloads, layer, decoder, _use_cache(request), pool or "default")
     if ids:
         stored = [StoredFeature(i, version.version, layer, v) for i, v in zip(ids, vectors, strict=True)]
         await store.put_many(version.name, stored)
