@@ -155,3 +155,19 @@ def test_two_server_processes_share_entries(cached_server: LiveServer, cached_re
     finally:
         other.terminate()
         other.wait(timeout=30)
+
+
+def test_slow_redis_is_a_miss(cached_server: LiveServer, redis_server: RedisServer) -> None:
+    url = f"{cached_server.url}/v2/models/mlp/infer"
+    x = np.random.default_rng(8).normal(size=(1, 10)).astype(np.float32)
+    before = counters(cached_server.url)
+    sleeper = subprocess.Popen(["redis-cli", "-p", str(redis_server.port), "debug", "sleep", "1.5"])
+    try:
+        time.sleep(0.3)  # Redis is now blocked for 1.5 s; its socket timeout here is 100 ms
+        response = httpx.post(url, content=_body(x), timeout=30)
+        during = counters(cached_server.url)
+    finally:
+        sleeper.wait(timeout=30)
+    assert response.status_code == 200
+    assert delta(before, during, "errors") >= 1  # the lookup timed out and was counted; computed as a miss
+    assert delta(before, during, "misses") == 1
