@@ -22,7 +22,7 @@ from layerserve.engine import probe_batch
 from layerserve.errors import BadRequestError
 from layerserve.tensors import TensorSpec
 
-WORKLOADS = ("tensor", "tensor-json", "image")
+WORKLOADS = ("tensor", "tensor-json", "image", "text")
 
 
 @dataclass(frozen=True)
@@ -73,15 +73,21 @@ def build_workload(
     image: Path | None,
     outputs: tuple[str, ...] = (),
     use_cache: bool = True,
+    text: str = "",
 ) -> Workload:
     """The request for a workload, built from the model's metadata (tensor) or an image file (image).
 
     `outputs` names the outputs or layers to ask for (default: the model's outputs); for the image
-    workload, a layer makes it `/features?layer=...` instead of `/classify`.
+    workload, a layer makes it `/features?layer=...` instead of `/classify`. The text workload sends
+    `rows` copies of `text` to `/classify`.
 
     Raises:
         BadRequestError: an unknown workload, or an image workload without an image file.
     """
+    if kind == "text":
+        body = orjson.dumps({"texts": [text] * rows})
+        path = f"/v2/models/{model}/classify?cache={'true' if use_cache else 'false'}"
+        return Workload(kind, path, body, {"Content-Type": "application/json"}, rows)
     if kind == "image":
         if image is None:
             raise BadRequestError("the image workload needs --image FILE")
@@ -221,7 +227,9 @@ def in_process_ceiling(
             batch = probe_batch(version.signature.inputs, size)
             done, started = 0, time.perf_counter()
             while time.perf_counter() - started < seconds:
-                if workload.kind == "image" and image is not None:
+                if workload.kind == "text" and version.tokenizer is not None:
+                    batch = [version.tokenizer.encode(json.loads(workload.body)["texts"][:1] * size)]
+                elif workload.kind == "image" and image is not None:
                     batch = [
                         np.stack(list(decoders.map(lambda raw: load_one(raw, image, 10**9), [workload.body] * size)))
                     ]
@@ -246,6 +254,7 @@ class BenchOptions:
     image: Path | None = None
     outputs: tuple[str, ...] = ()
     use_cache: bool = True
+    text: str = ""
     in_process: Path | None = None
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     bare: bool = False
@@ -278,8 +287,9 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     import multiprocessing
 
     workload = build_workload(
-        options.url, options.model, options.workload, options.rows, options.image, options.outputs, options.use_cache
-    )
+        options.url, options.model, options.workload, options.rows, options.image, options.outputs,
+        options.use_cache, options.text,
+    )  # fmt: skip
     report: dict[str, Any] = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}}
     if options.in_process is not None:
         rates = in_process_ceiling(options.in_process, options.model, workload, list(options.batch_sizes), 3.0)

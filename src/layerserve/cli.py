@@ -93,7 +93,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = BenchOptions(
         url=args.url.rstrip("/"), model=args.model, workload=args.workload, concurrency=args.concurrency,
         duration_s=args.duration_s, rows=args.rows, image=args.image, outputs=tuple(args.outputs),
-        use_cache=not args.no_cache,
+        use_cache=not args.no_cache, text=args.text,
         in_process=args.in_process,
         bare=args.bare, client_processes=args.client_processes, output=args.output, plot=args.plot,
     )  # fmt: skip
@@ -134,9 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="closed-loop load test of a running server")
     bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     bench.add_argument("--model", required=True)
-    bench.add_argument("--workload", default="tensor", choices=["tensor", "tensor-json", "image"],
-                       help="tensor: V2 binary infer; tensor-json: V2 JSON; image: /classify with --image")  # fmt: skip
+    bench.add_argument("--workload", default="tensor", choices=["tensor", "tensor-json", "image", "text"],
+                       help="tensor: V2 binary; tensor-json: V2 JSON; image, text: /classify")  # fmt: skip
     bench.add_argument("--image", type=Path, default=None, help="the photo sent by the image workload")
+    bench.add_argument("--text", default="a short text to classify", help="the text sent by the text workload")
     bench.add_argument("--rows", type=int, default=1, help="rows per tensor request")
     bench.add_argument("--outputs", nargs="*", default=[], help="outputs or layers (image: /features of a layer)")
     bench.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])

@@ -176,8 +176,10 @@ class ModelConfig(BaseModel):
     max_delay_ms: float | None = Field(None, ge=0, description="Wait for a fuller batch (default: the server's).")
     max_queue_size: int | None = Field(None, ge=1, description="Requests waiting (default: the server's).")
     cache: bool = Field(False, description="Serve repeated inputs from the feature cache (row by row).")
-    input: Literal["tensor", "image"] = Field(
-        "tensor", description="image: /classify, /features and V2 BYTES inputs take encoded images."
+    input: Literal["tensor", "image", "text"] = Field(
+        "tensor",
+        description="image: /classify, /features and V2 BYTES inputs take encoded images; text: UTF-8 texts, "
+        "tokenized with the version's tokenizer.json.",
     )
     resize: Literal["center_crop", "squash", "pad"] = Field(
         "center_crop", description="How an image meets the input size: crop the centre, stretch, or pad."

@@ -18,7 +18,7 @@ from layerserve.batcher import Batcher, QueueBudget
 from layerserve.cache import FeatureCache
 from layerserve.cuts import CutCache
 from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
-from layerserve.errors import LayerserveError, NotReadyError, UnsupportedMediaTypeError
+from layerserve.errors import LayerserveError, ModelLoadError, NotReadyError, UnsupportedMediaTypeError
 from layerserve.images import ImageDecoder, ImageSpec
 from layerserve.labels import load_labels
 from layerserve.layers import LayerGraph
@@ -26,6 +26,8 @@ from layerserve.model import Signature, file_digest, find_model_file, load_model
 from layerserve.pooling import pool_features
 from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
+from layerserve.text import Tokenizer
+from layerserve.training import LABELS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class ModelVersion:
     image: ImageSpec | None = None
     labels: list[str] | None = None
     cache: FeatureCache | None = None
+    tokenizer: Tokenizer | None = None
     _config_digest: str = ""
     engine_reason: str = ""
     layer_count: int = 0
@@ -164,12 +167,53 @@ class ModelVersion:
             self.graph.spec(config.classify_output, "output")
         if config.input == "image":
             self.image = ImageSpec.for_input(self.signature.inputs[0], config)
-        self.labels = load_labels(self.path.parent, config.labels)
+        if config.input == "text":
+            self.tokenizer = Tokenizer.load(self.path)
+            expected = (-1, self.tokenizer.sequence_length)
+            first = self.signature.inputs[0]
+            if first.datatype != "INT32" or first.shape != expected:
+                found = f"{first.datatype} {list(first.shape)}"
+                raise ModelLoadError(f"input: text needs an INT32 {list(expected)} input, '{first.name}' is {found}")
+        own_labels = self.path / LABELS_FILE  # a version's own labels (written by training) win
+        self.labels = (
+            load_labels(self.path, LABELS_FILE)
+            if own_labels.is_file()
+            else load_labels(self.path.parent, config.labels)
+        )
 
     @property
     def classify_output(self) -> str:
         """The output whose scores /classify ranks."""
         return self.config.classify_output or self.signature.outputs[0].name
+
+    @property
+    def encoded_input(self) -> str | None:
+        """The input that may come encoded, as BYTES: images for image models, UTF-8 texts for text models."""
+        if self.image is None and self.tokenizer is None:
+            return None
+        return self.signature.inputs[0].name
+
+    def encode_texts(self, texts: list[str]) -> dict[str, Array]:
+        """Texts -> the model's token-id input.
+
+        Raises:
+            UnsupportedMediaTypeError: the model does not take texts.
+        """
+        if self.tokenizer is None:
+            raise UnsupportedMediaTypeError(
+                f"model '{self.name}' does not take texts (its config.yaml has no 'input: text')"
+            )
+        return {self.signature.inputs[0].name: self.tokenizer.encode(texts)}
+
+    async def decode_encoded(self, inputs: dict[str, Array], decoder: ImageDecoder) -> dict[str, Array]:
+        """Replace a BYTES input of encoded images or UTF-8 texts with the model's tensor."""
+        name = self.encoded_input
+        if name is None or name not in inputs or inputs[name].dtype != object:
+            return inputs
+        if self.tokenizer is not None:
+            texts = [bytes(item).decode("utf-8", "replace") for item in inputs[name].reshape(-1)]
+            return {**inputs, **self.encode_texts(texts)}
+        return await decoder.decode_inputs(inputs, self.image)
 
     def require_image(self) -> ImageSpec:
         """The image spec of an image model.

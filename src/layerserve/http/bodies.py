@@ -97,3 +97,28 @@ async def _form_images(request: Request, body: bytes) -> list[bytes]:
     images = [await item.read() for item in files]
     await form.close()
     return images
+
+
+_MAX_TEXTS = 10_000
+
+
+async def read_texts(request: Request, limit: int) -> list[str]:
+    """The `texts` of a JSON body `{"texts": ["...", ...]}`.
+
+    Raises:
+        BadRequestError: not that shape.
+        PayloadTooLargeError: the body exceeds the limit.
+    """
+    try:
+        body = orjson.loads(await read_body(request, limit))
+    except orjson.JSONDecodeError as error:
+        raise BadRequestError(f"the request body is not valid JSON: {error}") from None
+    texts = body.get("texts") if isinstance(body, dict) else None
+    if (
+        not isinstance(texts, list)
+        or not texts
+        or len(texts) > _MAX_TEXTS
+        or not all(isinstance(t, str) for t in texts)
+    ):
+        raise BadRequestError(f'expected a JSON body {{"texts": ["...", ...]}} with 1 to {_MAX_TEXTS} strings')
+    return texts

@@ -1,4 +1,4 @@
-"""Images in: /classify (top-k labels) and /features (any layer, pooled), and stored features by id."""
+"""Images or texts in: /classify (top-k labels) and /features (any layer, pooled); stored features by id."""
 
 from __future__ import annotations
 
@@ -8,13 +8,22 @@ from starlette.routing import Route
 
 from layerserve.errors import BadRequestError
 from layerserve.feature_store import FeatureStore, StoredFeature, check_ids
-from layerserve.http.bodies import NPY_MEDIA_TYPE, JSONResponse, npy_bytes, read_body, read_images, wants_npy
+from layerserve.http.bodies import (
+    NPY_MEDIA_TYPE,
+    JSONResponse,
+    npy_bytes,
+    read_body,
+    read_images,
+    read_texts,
+    wants_npy,
+)
 from layerserve.http.v2_routes import parse_version
 from layerserve.images import ImageDecoder
 from layerserve.labels import top_k
-from layerserve.pooling import POOLS
+from layerserve.pooling import POOLS, pool_features
 from layerserve.protocols.v2 import load_json_object
-from layerserve.registry import ModelRegistry
+from layerserve.registry import ModelRegistry, ModelVersion
+from layerserve.tensors import Array
 
 
 def _use_cache(request: Request) -> bool:
@@ -31,31 +40,37 @@ def _query_int(request: Request, name: str, default: int | None) -> int | None:
     return int(raw)
 
 
-async def classify(request: Request) -> Response:
-    """POST /v2/models/{model}[/versions/{version}]/classify: images in, top-k labels out."""
-    registry: ModelRegistry = request.app.state.registry
+async def _output(request: Request, version: ModelVersion, output: str, pool: str) -> Array:
+    """One output's rows for the images or texts of the request body (pooled when `pool` is set)."""
+    limit = request.app.state.settings.max_body_bytes
+    if version.tokenizer is not None:
+        inputs = version.encode_texts(await read_texts(request, limit))
+        rows = (await version.predict(inputs, (output,), None, _use_cache(request)))[output]
+        return pool_features(rows, pool) if pool else rows
+    version.require_image()
     decoder: ImageDecoder = request.app.state.decoder
+    return await version.image_output(await read_images(request, limit), output, decoder, _use_cache(request), pool)
+
+
+async def classify(request: Request) -> Response:
+    """POST /v2/models/{model}[/versions/{version}]/classify: images or texts in, top-k labels out."""
+    registry: ModelRegistry = request.app.state.registry
     version = registry.get(request.path_params["model"], parse_version(request))
-    spec = version.require_image()
+    if version.tokenizer is None:
+        version.require_image()
     k = _query_int(request, "top_k", 5) or 5
-    batch = await decoder.decode_batch(await read_images(request, request.app.state.settings.max_body_bytes), spec)
-    scores = (await version.predict({spec.input_name: batch}, (version.classify_output,)))[version.classify_output]
-    return JSONResponse(
-        {
-            "model_name": version.name,
-            "model_version": str(version.version),
-            "predictions": top_k(scores, version.labels, k),
-        }
-    )
+    scores = await _output(request, version, version.classify_output, "")
+    predictions = top_k(scores, version.labels, k)
+    return JSONResponse({"model_name": version.name, "model_version": str(version.version), "predictions": predictions})
 
 
 async def features(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/features?layer=L[&pool=avg][&ids=a,b]: vectors out."""
     registry: ModelRegistry = request.app.state.registry
-    decoder: ImageDecoder = request.app.state.decoder
     store: FeatureStore = request.app.state.features
     version = registry.get(request.path_params["model"], parse_version(request))
-    version.require_image()
+    if version.tokenizer is None:
+        version.require_image()
     layer = request.query_params.get("layer")
     if not layer:
         raise BadRequestError("query 'layer' is required: the layer whose output is the feature vector")
@@ -63,12 +78,10 @@ async def features(request: Request) -> Response:
     pool = request.query_params.get("pool")
     if pool is not None and pool not in POOLS:
         raise BadRequestError(f"query 'pool' must be one of {', '.join(POOLS)}, got {pool!r}")
-    payloads = await read_images(request, request.app.state.settings.max_body_bytes)
     ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
+    vectors = await _output(request, version, layer, pool or "default")
     if ids:
-        check_ids(ids, len(payloads))
-    vectors = await version.image_output(payloads, layer, decoder, _use_cache(request), pool or "default")
-    if ids:
+        check_ids(ids, len(vectors))
         stored = [StoredFeature(i, version.version, layer, v) for i, v in zip(ids, vectors, strict=True)]
         await store.put_many(version.name, stored)
     if wants_npy(request):

@@ -93,9 +93,8 @@ async def infer(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/infer (JSON or binary tensor data)."""
     body = await read_body(request, request.app.state.settings.max_body_bytes)
     version = _registry(request).get(request.path_params["model"], parse_version(request))
-    encoded = version.image.input_name if version.image else None
-    parsed = v2.parse_infer_request(body, request.headers.get(v2.HEADER_LENGTH), version.graph, encoded)
-    inputs = await request.app.state.decoder.decode_inputs(parsed.inputs, version.image)
+    parsed = v2.parse_infer_request(body, request.headers.get(v2.HEADER_LENGTH), version.graph, version.encoded_input)
+    inputs = await version.decode_encoded(parsed.inputs, request.app.state.decoder)
     requested = tuple(output.name for output in parsed.outputs)
     outputs = await version.predict(inputs, requested, parsed.timeout_ms, parsed.use_cache)
     content, header_length = v2.encode_infer_response(version.name, version.version, parsed, outputs, version.labels)

@@ -145,8 +145,8 @@ def _decode_input(
     if "data" not in item:
         raise BadRequestError(f"{what}: needs 'data' or a binary_data_size parameter")
     array = reshape_checked(array_from_json(item["data"], dtype, what), shape, what)
-    if name == encoded_input and datatype == "BYTES":
-        array = _base64_elements(array, what)
+    if name == encoded_input and datatype == "BYTES" and spec.datatype != "INT32":
+        array = _base64_elements(array, what)  # images; texts (INT32 token inputs) come as plain strings
     return name, array, offset
 
 
