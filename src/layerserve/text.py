@@ -30,6 +30,7 @@ class Tokenizer:
     max_tokens: int = 20000
     sequence_length: int = 128
     vocabulary: list[str] = field(default_factory=list)
+    _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def tokens(self, text: str) -> list[str]:
         """The tokens of one text, n-grams included."""
@@ -44,6 +45,7 @@ class Tokenizer:
         """Learn the vocabulary: the most frequent tokens (ids 0 and 1 are padding and unknown)."""
         counts = Counter(token for text in texts for token in set(self.tokens(text)))
         self.vocabulary = [token for token, _ in counts.most_common(self.max_tokens - 2)]
+        self._index = {}
         return self
 
     @property
@@ -53,7 +55,9 @@ class Tokenizer:
 
     def encode(self, texts: list[str]) -> Array:
         """int32 ids, shape (len(texts), sequence_length), 0-padded at the end."""
-        index = {token: i + 2 for i, token in enumerate(self.vocabulary)}
+        if not self._index and self.vocabulary:  # built once: the vocabulary is large
+            self._index = {token: i + 2 for i, token in enumerate(self.vocabulary)}
+        index = self._index
         ids = np.zeros((len(texts), self.sequence_length), np.int32)
         for row, text in enumerate(texts):
             encoded = [index.get(token, UNKNOWN) for token in self.tokens(text)][: self.sequence_length]
@@ -62,7 +66,8 @@ class Tokenizer:
 
     def save(self, folder: Path) -> None:
         """Write `tokenizer.json` into a version folder."""
-        (folder / TOKENIZER_FILE).write_text(json.dumps(asdict(self), ensure_ascii=False), encoding="utf-8")
+        data = {key: value for key, value in asdict(self).items() if not key.startswith("_")}
+        (folder / TOKENIZER_FILE).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
     @classmethod
     def load(cls, folder: Path) -> Tokenizer:
