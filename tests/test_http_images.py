@@ -228,3 +228,18 @@ def test_batch_read_of_stored_features(demo_server: LiveServer) -> None:
     assert found["batch-a"]["layer"] == "avg_pool" and found["batch-a"]["shape"] == [1280]
     bad = httpx.post(f"{url}/features/batch", json={"ids": "batch-a"})
     assert bad.status_code == 400 and "'ids' must be a non-empty list" in bad.json()["error"]
+
+
+def test_bench_image_workload_with_ceiling(demo_server: LiveServer, demo_repository: Path, tmp_path: Path) -> None:
+    from layerserve.bench import BenchOptions, run_bench
+
+    photo_file = tmp_path / "cat.jpg"
+    photo_file.write_bytes(as_jpeg(photo("chelsea.png")))
+    options = BenchOptions(
+        url=demo_server.url, model="efficientnet_lite0", workload="image", concurrency=[2], duration_s=0.5,
+        image=photo_file, in_process=demo_repository, batch_sizes=(1, 2), use_cache=False,
+    )  # fmt: skip
+    report = run_bench(options)
+    (step,) = report["steps"]
+    assert step["errors"] == {} and step["requests"] > 0 and step["samples_s"] == step["req_s"]
+    assert report["in_process"]["best_batch_size"] in (1, 2) and step["vs_in_process"] > 0

@@ -5,7 +5,6 @@ Values hold each array's dtype, shape and raw bytes behind a checked header: not
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import struct
@@ -232,4 +231,4 @@ async def wait_closed(backend: CacheBackend) -> None:
     """Close a backend's connections, if it has any."""
     close = getattr(backend, "close", None)
     if close is not None:
-        await asyncio.shield(close())
+        await close()

@@ -160,13 +160,13 @@ class Reloader:
             return entry  # keep serving what was loaded; the index shows the config error
         for number, path in spec.versions.items():
             current = entry.versions.get(number)
-            files = fingerprint(path)
-            if current is not None and current.fingerprint == files and not (force and not current.is_ready):
+            stamp = fingerprint(path)
+            if current is not None and current.fingerprint == stamp and not (force and not current.is_ready):
                 continue
-            if wait_for_copies and self._seen.get((name, number)) != files:
-                self._seen[(name, number)] = files  # new or changed: load once unchanged for one interval
+            if wait_for_copies and self._seen.get((name, number)) != stamp:
+                self._seen[(name, number)] = stamp  # new or changed: load once unchanged for one interval
                 continue
-            await self._load(entry, number, path, files)
+            await self._load(entry, number, path, stamp)
         # Versions whose folder is gone leave now; those the policy no longer selects stay until every
         # selected version serves, so that a model is never left without one while newer ones load.
         is_complete = all(number in entry.versions and entry.versions[number].is_ready for number in spec.versions)
@@ -175,10 +175,10 @@ class Reloader:
                 self._retire(entry.versions.pop(number))
         return entry
 
-    async def _load(self, entry: ModelEntry, number: int, path: Path, files: Fingerprint | None = None) -> ModelVersion:
+    async def _load(self, entry: ModelEntry, number: int, path: Path, stamp: Fingerprint | None = None) -> ModelVersion:
         """Load a version beside the one serving under its number, then swap; a failed reload keeps the old."""
         name = entry.spec.name
-        new = ModelVersion(name, number, path, entry.spec.config, files if files is not None else fingerprint(path))
+        new = ModelVersion(name, number, path, entry.spec.config, stamp if stamp is not None else fingerprint(path))
         current = entry.versions.get(number)
         if current is None:
             entry.versions[number] = new  # shown as LOADING in the index

@@ -275,26 +275,24 @@ class ModelVersion:
             UnprocessableImageError, PayloadTooLargeError: a bad image.
         """
         spec = self.require_image()
+
+        async def compute(encoded: list[bytes]) -> Array:
+            batch = await decoder.decode_batch(encoded, spec)
+            rows = (await self.predict({spec.input_name: batch}, (output,), use_cache=False))[output]
+            return pool_features(rows, pool) if pool else rows
+
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
-            batch = await decoder.decode_batch(payloads, spec)
-            return self._pooled(await self.predict({spec.input_name: batch}, (output,), use_cache=False), output, pool)
+            return await compute(payloads)
         keys = cache.encoded_keys(self.name, self.version, f"{self._config_digest}:{pool}", output, payloads)
         rows = await cache.lookup(keys, 1, self.name)
         misses = [index for index, row in enumerate(rows) if row is None]
         if misses:
-            batch = await decoder.decode_batch([payloads[i] for i in misses], spec)
-            computed = self._pooled(
-                await self.predict({spec.input_name: batch}, (output,), use_cache=False), output, pool
-            )
+            computed = await compute([payloads[i] for i in misses])
             await cache.store([keys[i] for i in misses], [[row] for row in computed], self.name)
             for index, row in zip(misses, computed, strict=True):
                 rows[index] = [row]
         return np.stack([row[0] for row in rows if row is not None])
-
-    @staticmethod
-    def _pooled(outputs: dict[str, Array], output: str, pool: str) -> Array:
-        return pool_features(outputs[output], pool or None) if pool else outputs[output]
 
     async def _compute(
         self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None
@@ -309,11 +307,10 @@ class ModelVersion:
         """
         if self._thread is None:
             raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
-        wanted = outputs
         names = tuple(sorted(inputs))
         arrays = [inputs[name] for name in names]
-        key = (names, wanted, tuple((a.shape[1:], a.dtype.str) for a in arrays))
-        batcher = self._batchers.get(key) or self._new_batcher(key, names, wanted)
+        key = (names, outputs, tuple((a.shape[1:], a.dtype.str) for a in arrays))
+        batcher = self._batchers.get(key) or self._new_batcher(key, names, outputs)
         deadline = time.perf_counter() + (timeout_ms or self._timeout_ms) / 1000
         self._in_flight += 1
         self._idle.clear()
@@ -323,7 +320,7 @@ class ModelVersion:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
-        return dict(zip(wanted, results, strict=True))
+        return dict(zip(outputs, results, strict=True))
 
     async def drain(self) -> None:
         """Wait until the requests that hold this version have their answers."""

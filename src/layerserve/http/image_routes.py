@@ -56,8 +56,6 @@ async def classify(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/classify: images or texts in, top-k labels out."""
     registry: ModelRegistry = request.app.state.registry
     version = registry.get(request.path_params["model"], parse_version(request))
-    if version.tokenizer is None:
-        version.require_image()
     k = _query_int(request, "top_k", 5) or 5
     scores = await _output(request, version, version.classify_output, "")
     predictions = top_k(scores, version.labels, k)
