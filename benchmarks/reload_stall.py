@@ -1,11 +1,12 @@
 """p99 of a small model while the demo EfficientNet reloads in a loop, vs its steady p99.
 
-    .venv/bin/python benchmarks/reload_stall.py [--duration-s 15] [--concurrency 4]
+    .venv/bin/python benchmarks/reload_stall.py [--duration-s 15] [--concurrency 4] [--every-s 0] [--fresh]
 
-Steady: the token classifier alone. Then the same load while another thread rewrites EfficientNet's
+Steady: the token classifier alone. Then the same load while another thread touches EfficientNet's
 model file (new modification time, same bytes) and asks for `POST /v2/repository/models/.../load`,
-again and again: each round loads the Keras model, rebuilds its layer graph, verifies the cached ONNX
-graph and warms it up, all off the event loop.
+again and again (back to back, or one round every `--every-s`): each round hashes the file, reads its
+stored preparation, opens an ONNX Runtime session and warms it up. With `--fresh` the engine cache is
+emptied first, so each round also loads, exports and verifies the model in the preparer's child process.
 """
 
 from __future__ import annotations
@@ -24,11 +25,16 @@ from demo_server import demo_server
 from layerserve.bench import build_workload, run_step
 
 
-def reload_forever(url: str, model_file: Path, stop: threading.Event, rounds: list[float]) -> None:
-    """Touch the model file and reload it until `stop`; records each round's seconds."""
-    while not stop.is_set():
+def reload_forever(
+    url: str, model_file: Path, every_s: float, fresh: Path | None, stop: threading.Event, rounds: list[float]
+) -> None:
+    """Touch the model file and reload it, a round every `every_s` at most, until `stop`; records each
+    round's seconds. With `fresh` (the engine cache folder), every round exports the model again."""
+    while not stop.wait(max(0.0, every_s - (rounds[-1] if rounds else every_s))):
         started = time.perf_counter()
-        model_file.write_bytes(model_file.read_bytes())
+        for cached in fresh.iterdir() if fresh else ():
+            cached.unlink()
+        os.utime(model_file)  # a new modification time: the server sees a changed file and reloads it
         request = urllib.request.Request(f"{url}/v2/repository/models/efficientnet_lite0/load", method="POST")
         with urllib.request.urlopen(request, timeout=300) as response:
             response.read()
@@ -41,6 +47,8 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--port", type=int, default=8768)
+    parser.add_argument("--every-s", type=float, default=0.0, help="start a reload every N s (0: back to back)")
+    parser.add_argument("--fresh", action="store_true", help="empty the engine cache first: every reload exports")
     args = parser.parse_args()
     with demo_server(args.port) as (url, repository), multiprocessing.get_context("spawn").Pool(1) as pool:
         workload = build_workload(url, "token_classifier", "tensor", 1, None)
@@ -48,7 +56,15 @@ def main() -> None:
         steady = run_step(url, workload, args.concurrency, args.duration_s, pool)
         stop, rounds = threading.Event(), []
         reloader = threading.Thread(
-            target=reload_forever, args=(url, repository / "efficientnet_lite0" / "1" / "model.keras", stop, rounds)
+            target=reload_forever,
+            args=(
+                url,
+                repository / "efficientnet_lite0" / "1" / "model.keras",
+                args.every_s,
+                repository.parent / "cache" if args.fresh else None,
+                stop,
+                rounds,
+            ),
         )
         reloader.start()
         during = run_step(url, workload, args.concurrency, args.duration_s, pool)

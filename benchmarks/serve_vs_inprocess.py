@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/serve_vs_inprocess.py [--model efficientnet_lite0] [--duration-s 10]
 
-The same as `layerserve bench URL --model M --in-process REPO --concurrency 1 8` against a demo server.
+The same as `layerserve bench URL --model M --no-cache --in-process REPO --concurrency 1 8` against a demo
+server (the feature cache is bypassed: every request is computed).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
     with demo_server(args.port) as (url, repository):
-        options = BenchOptions(url, args.model, "tensor", args.concurrency, args.duration_s, in_process=repository)
+        options = BenchOptions(
+            url, args.model, "tensor", args.concurrency, args.duration_s, use_cache=False, in_process=repository
+        )
         print_report(run_bench(options))
 
 

@@ -1,59 +1,63 @@
-"""Engine choice: ONNX exported once and verified against Keras, or the Keras call with a logged reason."""
+"""Engine choice: the ONNX export verified against Keras, or the Keras call with the reason; the preparer's
+child process that loads, exports and verifies off the server process."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from layerserve.engine import KerasEngine, choose_engine, probe_batch
+from layerserve.engine import KerasEngine, Verdict, choose_engine, export_and_verify, onnx_cache_path, probe_batch
 from layerserve.errors import ModelLoadError
-from layerserve.model import read_signature
-from tests.conftest import build_multi
+from layerserve.layers import LayerGraph
+from layerserve.model import file_digest, read_signature
+from layerserve.prepare import ModelSource, Preparer, read_record
+from tests.conftest import _save, build_multi, build_nested
 
 
-def test_onnx_matches_keras_and_is_cached(tmp_path: Path) -> None:
+def test_onnx_matches_keras(tmp_path: Path) -> None:
     model = build_multi()
     signature = read_signature(model)
-    probe = probe_batch(signature.inputs, 2)
     cache = tmp_path / "cache" / "abc.onnx"
-    choice = choose_engine(model, signature.inputs, "auto", cache, probe, 1e-4, 0)
+    verdict = export_and_verify(model, signature.inputs, cache, probe_batch(signature.inputs, 2))
+    assert verdict.max_difference is not None and verdict.max_difference < 1e-5 and not verdict.error
+    choice = choose_engine(verdict, "auto", cache, signature.inputs, 1e-4, 0, lambda: pytest.fail("no fallback"))
     assert choice.engine.name == "onnx" and "verified" in choice.reason
     rng = np.random.default_rng(0)
     batch = [rng.normal(size=(7, 4)).astype(np.float32), rng.integers(0, 10, (7, 3)).astype(np.int32)]
     expected = [o.numpy() for o in model(batch)]
     for got, want in zip(choice.engine.run(batch), expected, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
-    stamp = cache.stat().st_mtime_ns
-    again = choose_engine(model, signature.inputs, "auto", cache, probe, 1e-4, 0)
-    assert again.engine.name == "onnx" and cache.stat().st_mtime_ns == stamp
-    assert "(when exported)" in again.reason  # the recorded verification is reused, Keras is not traced
 
 
 def test_export_failure_falls_back_to_keras_or_fails_when_onnx_is_forced(tmp_path: Path) -> None:
     model = build_multi()
     signature = read_signature(model)
-    probe = probe_batch(signature.inputs, 2)
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")
-    choice = choose_engine(model, signature.inputs, "auto", blocker / "x.onnx", probe, 1e-4, 0)
-    assert choice.engine.name == "keras"
-    assert choice.reason.startswith("ONNX export failed") and "Keras compiled call" in choice.reason
+    verdict = export_and_verify(model, signature.inputs, blocker / "x.onnx", probe_batch(signature.inputs, 2))
+    assert verdict.max_difference is None and verdict.error.startswith("ONNX export failed")
+    keras_engine = KerasEngine(model, signature.inputs)
+    choice = choose_engine(verdict, "auto", blocker / "x.onnx", signature.inputs, 1e-4, 0, lambda: keras_engine)
+    assert choice.engine is keras_engine and "Keras compiled call" in choice.reason
     with pytest.raises(ModelLoadError, match="ONNX export failed"):
-        choose_engine(model, signature.inputs, "onnx", blocker / "x.onnx", probe, 1e-4, 0)
+        choose_engine(verdict, "onnx", blocker / "x.onnx", signature.inputs, 1e-4, 0, lambda: keras_engine)
 
 
 def test_verification_failure_falls_back(tmp_path: Path) -> None:
     model, other = build_multi(), build_multi()
     signature = read_signature(model)
     other.get_layer("regression").set_weights([w * 2.0 for w in other.get_layer("regression").get_weights()])
-    probe = probe_batch(signature.inputs, 2)
     cache = tmp_path / "x.onnx"
-    choose_engine(other, signature.inputs, "onnx", cache, probe, 1e-4, 0)
-    (tmp_path / "x.onnx.verified.json").unlink()  # a stale graph under this key, never verified for it
-    choice = choose_engine(model, signature.inputs, "auto", cache, probe, 1e-4, 0)
-    assert choice.engine.name == "keras" and "verification failed" in choice.reason
+    export_and_verify(other, signature.inputs, cache, probe_batch(signature.inputs, 2))
+    # A stale graph under this key (another model's): verification against this model finds it out.
+    verdict = export_and_verify(model, signature.inputs, cache, probe_batch(signature.inputs, 2))
+    assert verdict.max_difference is not None and verdict.max_difference > 1e-2
+    keras_engine = KerasEngine(model, signature.inputs)
+    choice = choose_engine(verdict, "auto", cache, signature.inputs, 1e-4, 0, lambda: keras_engine)
+    assert choice.engine is keras_engine and "verification failed" in choice.reason
 
 
 def test_keras_engine_runs_any_batch_size() -> None:
@@ -62,3 +66,55 @@ def test_keras_engine_runs_any_batch_size() -> None:
     for rows in (1, 5):
         batch = probe_batch(read_signature(model).inputs, rows)
         assert [o.shape for o in engine.run(batch)] == [(rows, 2), (rows, 5)]
+
+
+def test_preparer_child_records_layer_table_and_verdict_once(tmp_path: Path) -> None:
+    model = build_nested()
+    path = _save(model, tmp_path / "m", "model.keras")
+    source = ModelSource(path, file_digest(path), trust=False)
+    cache = onnx_cache_path(tmp_path / "cache", source.digest)
+    preparer = Preparer()
+    try:
+        prepared = preparer.model(source, cache, 2)
+    finally:
+        preparer.close()
+    in_process = LayerGraph(read_signature(model), model)
+    assert prepared.signature == in_process.signature and list(prepared.layers) == in_process.layers
+    assert prepared.layer_count == len(model.layers)
+    assert prepared.verdict.max_difference is not None and prepared.verdict.max_difference < 1e-4
+    assert read_record(cache) is not None
+    stamp = cache.stat().st_mtime_ns
+    again = Preparer()  # a fresh preparer reads the record: no child process is started
+    assert again.model(source, cache, 2) == prepared and again._pool is None
+    assert cache.stat().st_mtime_ns == stamp
+
+
+def test_preparer_reports_load_errors_and_a_dead_child(tmp_path: Path) -> None:
+    corrupt = tmp_path / "model.keras"
+    corrupt.write_bytes(b"not a zip")
+    preparer = Preparer()
+    try:
+        source = ModelSource(corrupt, file_digest(corrupt), trust=False)
+        with pytest.raises(ModelLoadError, match=r"not a \.keras archive"):
+            preparer.model(source, tmp_path / "c.onnx", 1)
+        assert read_record(tmp_path / "c.onnx") is None  # a load error is not kept: the file may be fixed
+        with pytest.raises(ModelLoadError, match="preparation process died"):
+            preparer._run(os._exit, 1)
+        with pytest.raises(ModelLoadError, match=r"not a \.keras archive"):
+            preparer.model(source, tmp_path / "c.onnx", 1)  # a new child takes over
+    finally:
+        preparer.close()
+
+
+def test_model_source_refuses_a_file_that_changed(tmp_path: Path) -> None:
+    path = _save(build_multi(), tmp_path, "model.keras")
+    source = ModelSource(path, file_digest(path), trust=False)
+    assert read_signature(source.load()).inputs[0].name == "features"
+    _save(build_nested(), tmp_path, "model.keras")
+    with pytest.raises(ModelLoadError, match="changed since this version was loaded"):
+        source.load()
+
+
+def test_verdict_round_trips() -> None:
+    for verdict in (Verdict(1.5e-6), Verdict(None, "ONNX export failed: x")):
+        assert Verdict.from_dict(verdict.to_dict()) == verdict

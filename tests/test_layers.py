@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from layerserve.errors import BadRequestError
-from layerserve.layers import LayerGraph
+from layerserve.layers import LayerGraph, LayerInfo
 from layerserve.model import read_signature
 from tests.conftest import build_mobilenet, build_multi, build_nested, build_sequential
 
@@ -131,3 +131,26 @@ def test_layer_with_several_outputs_is_name_colon_index() -> None:
     got = graph.build_cut(("x",), ("lstm:2",))(data)
     expected = keras.Model(x, cell)(data)
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
+
+
+def test_graph_from_a_stored_table_loads_the_model_for_its_first_cut_only() -> None:
+    model = build_multi()
+    full = graph_of(model)
+    loads: list[int] = []
+
+    def load() -> Any:
+        loads.append(1)
+        return model
+
+    table = tuple(LayerInfo.from_record(layer.to_record()) for layer in full.layers)
+    lazy = LayerGraph.from_table(full.signature, table, "", load)
+    assert lazy.names == full.names and lazy.spec("flat", "output") == full.spec("flat", "output")
+    with pytest.raises(BadRequestError, match="close layer names: flat"):
+        lazy.spec("flatt", "output")
+    assert not loads  # names and specs come from the table
+    tokens = np.arange(6, dtype=np.int32).reshape(2, 3) % 10
+    cut = lazy.build_cut(("tokens",), ("flat",))
+    np.testing.assert_allclose(np.asarray(cut(tokens)), reference(model, ["tokens"], ["flat"], tokens)[0])
+    with pytest.raises(BadRequestError, match="also need features"):
+        lazy.build_cut(("tokens",), ("joined",))
+    assert loads == [1]

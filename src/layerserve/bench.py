@@ -207,6 +207,7 @@ def in_process_ceiling(
     from concurrent.futures import ThreadPoolExecutor
 
     from layerserve.images import load_one
+    from layerserve.prepare import Preparer
     from layerserve.registry import ModelVersion
     from layerserve.repository import scan
     from layerserve.settings import Settings
@@ -216,8 +217,8 @@ def in_process_ceiling(
         raise BadRequestError(f"model {model!r} has no version in {repository}")
     number, path = max(specs[0].versions.items())
     version = ModelVersion(model, number, path, specs[0].config)
-    exporter = ThreadPoolExecutor(1)
-    version.load(Settings(model_repository=repository), exporter)
+    exporter, preparer = ThreadPoolExecutor(1), Preparer()
+    version.load(Settings(model_repository=repository), exporter, preparer)
     if version.engine is None:
         raise BadRequestError(f"model {model!r} failed to load: {version.reason}")
     engine, image = version.engine, version.image
@@ -238,6 +239,7 @@ def in_process_ceiling(
             rates[size] = done / (time.perf_counter() - started)
     version.close()
     exporter.shutdown()
+    preparer.close()
     return rates
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerserve.engine import Engine, KerasEngine, choose_engine, probe_batch
+from layerserve.engine import Engine, KerasEngine, choose_engine
 from layerserve.layers import LayerGraph
+from layerserve.prepare import ModelSource, Preparer
 from layerserve.settings import Settings
 from layerserve.tensors import TensorSpec
 
@@ -43,11 +44,14 @@ class Cut:
 class CutCache:
     """Bounded LRU of a version's cuts; each new cut's ONNX export runs on the shared exporter thread."""
 
-    def __init__(self, graph: LayerGraph, digest: str, settings: Settings, exporter: Executor) -> None:
+    def __init__(
+        self, graph: LayerGraph, source: ModelSource, settings: Settings, exporter: Executor, preparer: Preparer
+    ) -> None:
         self._graph = graph
-        self._digest = digest
+        self._source = source
         self._settings = settings
         self._exporter = exporter
+        self._preparer = preparer
         self._cuts: OrderedDict[CutKey, Cut] = OrderedDict()
         self._pending: set[Future[None]] = set()
         self._lock = threading.Lock()
@@ -73,7 +77,7 @@ class CutCache:
             while len(self._cuts) > self._settings.max_cuts_per_version:
                 self._cuts.popitem(last=False)
         if waiting:
-            future = self._exporter.submit(self._upgrade, cut, model, specs, engine)
+            future = self._exporter.submit(self._upgrade, cut, specs, engine)
             self._pending.add(future)
             future.add_done_callback(self._pending.discard)
         else:
@@ -81,15 +85,18 @@ class CutCache:
         return cut
 
     def _cache_file(self, cut: Cut) -> Path:
-        key = f"{self._digest}|{','.join(cut.inputs)}|{','.join(cut.outputs)}"
+        key = f"{self._source.digest}|{','.join(cut.inputs)}|{','.join(cut.outputs)}"
         return self._settings.engine_cache_dir / "cuts" / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.onnx"
 
-    def _upgrade(self, cut: Cut, model: Any, specs: tuple[TensorSpec, ...], engine: KerasEngine) -> None:
-        """Export and verify the cut; switch it to ONNX when that passes (fail-soft: it stays on Keras)."""
+    def _upgrade(self, cut: Cut, specs: tuple[TensorSpec, ...], engine: KerasEngine) -> None:
+        """Export and verify the cut (in the preparer's child process); switch it to ONNX when that passes
+        (fail-soft: it stays on Keras)."""
+        cache_file = self._cache_file(cut)
         try:
+            verdict = self._preparer.cut(self._source, cut.inputs, cut.outputs, cache_file)
             choice = choose_engine(
-                model, specs, "auto", self._cache_file(cut), probe_batch(specs, 2),
-                self._settings.verify_atol, self._settings.intra_op_threads, keras_engine=engine,
+                verdict, "auto", cache_file, specs, self._settings.verify_atol, self._settings.intra_op_threads,
+                keras_engine=lambda: engine,
             )  # fmt: skip
         except Exception:  # fail-soft boundary: the cut keeps serving on Keras.
             log.exception("ONNX upgrade of cut %s -> %s failed", cut.inputs, cut.outputs)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -163,60 +163,62 @@ def onnx_cache_path(cache_dir: Path, digest: str) -> Path:
     return cache_dir / f"{digest[:40]}-{tag}.onnx"
 
 
-def _verification_file(cache_file: Path) -> Path:
-    return cache_file.with_name(cache_file.name + ".verified.json")
+@dataclass(frozen=True)
+class Verdict:
+    """An ONNX export checked against Keras on the probe batch: its largest difference, or why there is none."""
+
+    max_difference: float | None
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form."""
+        return {"max_difference": self.max_difference, "export_error": self.error}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        """Read the stored form."""
+        difference = data["max_difference"]
+        return cls(None if difference is None else float(difference), str(data["export_error"]))
 
 
-def _verified_difference(cache_file: Path) -> float | None:
-    """The difference recorded when this cached export was verified, or None (never verified, unreadable)."""
-    try:
-        recorded = json.loads(_verification_file(cache_file).read_text())
-        return float(recorded["max_difference"]) if cache_file.exists() else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def choose_engine(
-    model: Any,
-    inputs: tuple[TensorSpec, ...],
-    choice: str,
-    cache_file: Path,
-    probe: list[Array],
-    atol: float,
-    threads: int,
-    keras_engine: KerasEngine | None = None,
-) -> EngineChoice:
-    """Build the engine per `choice` (auto/onnx/keras): ONNX exported once and verified, else Keras.
-
-    Raises:
-        ModelLoadError: `choice` is onnx and the export or its verification failed.
-    """
-    if choice == "keras":
-        return EngineChoice(keras_engine or KerasEngine(model, inputs), "engine=keras was requested")
-    verified = _verified_difference(cache_file)
-    if verified is not None and verified <= atol:
-        # The same file was exported and verified before: skip tracing the Keras call again.
-        engine = OnnxEngine(cache_file, inputs, threads)
-        return EngineChoice(engine, f"ONNX verified against Keras (when exported): max difference {verified:.2e}")
-    keras_engine = keras_engine or KerasEngine(model, inputs)
-    expected = keras_engine.run(probe)
+def export_and_verify(model: Any, inputs: tuple[TensorSpec, ...], cache_file: Path, probe: list[Array]) -> Verdict:
+    """Export the model to `cache_file` (unless it is there) and compare ONNX Runtime with Keras on `probe`."""
+    expected = KerasEngine(model, inputs).run(probe)
     try:
         if not cache_file.exists():
             export_onnx(model, inputs, cache_file)
-        onnx_engine = OnnxEngine(cache_file, inputs, threads)
-        difference = max_difference(expected, onnx_engine.run(probe))
+        difference = max_difference(expected, OnnxEngine(cache_file, inputs, 1).run(probe))
     except ModelLoadError as error:
-        reason = f"ONNX export unusable: {error.message}"
+        return Verdict(None, f"ONNX export unusable: {error.message}")
     except Exception as error:  # tf2onnx and ORT raise many kinds for unsupported ops.
         log.warning("ONNX export failed for %s", cache_file.name, exc_info=True)
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        reason = f"ONNX export failed: {first[:300]}"
-    else:
-        if difference <= atol:
-            _verification_file(cache_file).write_text(json.dumps({"max_difference": difference}))
-            return EngineChoice(onnx_engine, f"ONNX verified against Keras: max difference {difference:.2e}")
-        reason = f"ONNX verification failed: max difference {difference:.2e} > {atol:.0e}"
+        return Verdict(None, f"ONNX export failed: {first[:300]}")
+    return Verdict(difference)
+
+
+def choose_engine(
+    verdict: Verdict,
+    choice: str,
+    cache_file: Path,
+    inputs: tuple[TensorSpec, ...],
+    atol: float,
+    threads: int,
+    keras_engine: Callable[[], Engine],
+) -> EngineChoice:
+    """The engine per `choice` (auto/onnx/keras): the verified ONNX export, else `keras_engine()`.
+
+    Raises:
+        ModelLoadError: `choice` is onnx and the export failed or differs from Keras by more than `atol`.
+    """
+    if choice == "keras":
+        return EngineChoice(keras_engine(), "engine=keras was requested")
+    difference = verdict.max_difference
+    if difference is not None and difference <= atol:
+        engine = OnnxEngine(cache_file, inputs, threads)
+        return EngineChoice(engine, f"ONNX verified against Keras: max difference {difference:.2e}")
+    reason = verdict.error or f"ONNX verification failed: max difference {difference:.2e} > {atol:.0e}"
     if choice == "onnx":
         raise ModelLoadError(reason)
     log.warning("%s; serving with the Keras compiled call", reason)
-    return EngineChoice(keras_engine, reason + "; serving with the Keras compiled call")
+    return EngineChoice(keras_engine(), reason + "; serving with the Keras compiled call")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,17 @@ class LayerInfo:
             "datatype": self.outputs[0].datatype if self.outputs else "",
             "inbound": list(self.inbound),
         }
+
+    def to_record(self) -> dict[str, Any]:
+        """The stored form (see layerserve.prepare)."""
+        outputs = [spec.to_dict() for spec in self.outputs]
+        return {"name": self.name, "class_name": self.class_name, "outputs": outputs, "inbound": list(self.inbound)}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> LayerInfo:
+        """Read the stored form."""
+        outputs = tuple(TensorSpec.from_dict(spec) for spec in data["outputs"])
+        return cls(str(data["name"]), str(data["class_name"]), outputs, tuple(data["inbound"]))
 
 
 def _graph_of(model: Any) -> Any:
@@ -87,7 +100,11 @@ class _Replay:
 
 
 class LayerGraph:
-    """A version's addressable tensors: model inputs and outputs, and every layer's output by name."""
+    """A version's addressable tensors: model inputs and outputs, and every layer's output by name.
+
+    Built from a Keras model, or from a stored layer table with a `load` function that gives the Keras
+    model when the first cut needs its tensors (see layerserve.prepare).
+    """
 
     def __init__(self, signature: Signature, model: Any = None) -> None:
         self.signature = signature
@@ -95,12 +112,35 @@ class LayerGraph:
         self._tensors: dict[str, Any] = {}
         self._names: dict[int, str] = {}
         self._specs: dict[str, TensorSpec] = {s.name: s for s in (*signature.inputs, *signature.outputs)}
+        self._load: Callable[[], Any] | None = None
+        self._lock = threading.Lock()
         self.unavailable_reason = "" if model is not None else "no Keras graph"
         graph = _graph_of(model) if model is not None else None
         if model is not None and graph is None:
             self.unavailable_reason = "a subclassed model has no graph of layers: use a functional or Sequential model"
         if graph is not None:
             self._replay(graph)
+
+    @classmethod
+    def from_table(
+        cls, signature: Signature, layers: tuple[LayerInfo, ...], unavailable_reason: str, load: Callable[[], Any]
+    ) -> LayerGraph:
+        """A graph whose names come from a stored layer table; `load` gives the model for the first cut."""
+        graph = cls(signature)
+        graph.layers = list(layers)
+        graph._specs.update({spec.name: spec for layer in layers for spec in layer.outputs})
+        graph.unavailable_reason = unavailable_reason
+        graph._load = load
+        return graph
+
+    def _ensure_tensors(self) -> None:
+        """Load and replay the model if this graph was built from a table and has not done so yet."""
+        with self._lock:
+            if self._load is None:
+                return
+            model = self._load()
+            self._replay(_graph_of(model))
+            self._load = None
 
     def _replay(self, graph: Any) -> None:
         import keras
@@ -166,6 +206,7 @@ class LayerGraph:
             self.spec(name, "input")
         for name in outputs:
             self.spec(name, "output")
+        self._ensure_tensors()
         given = [self._tensors[name] for name in inputs]
         wanted = [self._tensors[name] for name in outputs]
         missing = self._missing({id(t) for t in given}, wanted)

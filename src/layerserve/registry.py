@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from layerserve.cache import FeatureCache
 from layerserve.errors import NotFoundError, NotReadyError
+from layerserve.prepare import Preparer, lower_priority
 from layerserve.repository import ModelSpec
 from layerserve.settings import Settings
 from layerserve.version import ModelVersion, VersionState
@@ -18,17 +17,6 @@ from layerserve.version import ModelVersion, VersionState
 log = logging.getLogger(__name__)
 
 __all__ = ["ModelEntry", "ModelRegistry", "ModelVersion", "VersionState"]
-
-
-_BACKGROUND_NICENESS = 10
-
-
-def _lower_priority() -> None:
-    """Loading and exporting yield the CPU to serving: this thread (and those it starts) run niced."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _BACKGROUND_NICENESS)
-    except OSError:  # not permitted here: background work keeps the normal priority
-        log.warning("could not lower the priority of %s", threading.current_thread().name)
 
 
 @dataclass
@@ -61,8 +49,9 @@ class ModelRegistry:
         self.settings = settings
         self.cache = cache
         self._models: dict[str, ModelEntry] = {}
-        self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader", initializer=_lower_priority)
-        self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter", initializer=_lower_priority)
+        self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader", initializer=lower_priority)
+        self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter", initializer=lower_priority)
+        self.preparer = Preparer()
         self._settled = asyncio.Event()
 
     def mark_settled(self) -> None:
@@ -82,7 +71,9 @@ class ModelRegistry:
     async def load(self, version: ModelVersion) -> None:
         """Load a version on the loader thread (off the event loop, one version at a time)."""
         version.cache = self.cache
-        await asyncio.get_running_loop().run_in_executor(self.loader, version.load, self.settings, self.exporter)
+        await asyncio.get_running_loop().run_in_executor(
+            self.loader, version.load, self.settings, self.exporter, self.preparer
+        )
 
     def entry(self, name: str) -> ModelEntry:
         """The model's entry.
@@ -139,9 +130,10 @@ class ModelRegistry:
         return rows
 
     def close(self) -> None:
-        """Stop every model thread, the loader and the exporter."""
+        """Stop every model thread, the loader, the exporter and the preparer's child process."""
         self.loader.shutdown(wait=False, cancel_futures=True)
         self.exporter.shutdown(wait=False, cancel_futures=True)
+        self.preparer.close()
         for entry in self._models.values():
             for version in entry.versions.values():
                 version.close()

@@ -49,6 +49,11 @@ class TensorSpec:
         """The V2 metadata form `{name, datatype, shape}`."""
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TensorSpec:
+        """Read the V2 metadata form."""
+        return cls(str(data["name"]), str(data["datatype"]), tuple(int(dim) for dim in data["shape"]))
+
 
 def datatype_of(dtype: np.dtype[Any] | str) -> str:
     """The V2 datatype name of a numpy dtype (strings and bytes are BYTES).

@@ -10,20 +10,20 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from layerserve.batcher import Batcher, QueueBudget
 from layerserve.cache import FeatureCache
 from layerserve.cuts import CutCache
-from layerserve.engine import Engine, choose_engine, onnx_cache_path, probe_batch
+from layerserve.engine import Engine, KerasEngine, Verdict, choose_engine, onnx_cache_path, probe_batch
 from layerserve.errors import LayerserveError, ModelLoadError, NotReadyError, UnsupportedMediaTypeError
 from layerserve.images import ImageDecoder, ImageSpec
 from layerserve.labels import load_labels
 from layerserve.layers import LayerGraph
-from layerserve.model import Signature, file_digest, find_model_file, load_model, read_signature
+from layerserve.model import Signature, file_digest, find_model_file, read_signature
 from layerserve.pooling import pool_features
+from layerserve.prepare import ModelSource, Preparer
 from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
 from layerserve.text import Tokenizer
@@ -55,7 +55,6 @@ class ModelVersion:
     reason: str = ""
     signature: Signature = field(default_factory=lambda: Signature((), ()))
     graph: LayerGraph = field(default_factory=lambda: LayerGraph(Signature((), ())))
-    keras_model: Any = None
     engine: Engine | None = None
     cuts: CutCache | None = None
     image: ImageSpec | None = None
@@ -81,14 +80,15 @@ class ModelVersion:
         """Whether the version serves requests."""
         return self.state is VersionState.READY
 
-    def load(self, settings: Settings, exporter: Executor) -> None:
-        """Load, choose the engine, warm up; on any failure the version is FAILED with the reason.
+    def load(self, settings: Settings, exporter: Executor, preparer: Preparer) -> None:
+        """Prepare (in the preparer's child process), choose the engine, warm up; on any failure the version
+        is FAILED with the reason.
 
         `exporter` runs the ONNX exports of this version's cuts in the background.
         """
         started = time.perf_counter()
         try:
-            self._load(settings, exporter)
+            self._load(settings, exporter, preparer)
         except LayerserveError as error:
             self.state, self.reason = VersionState.FAILED, error.message
             log.error("model %s version %d FAILED: %s", self.name, self.version, error.message)
@@ -103,32 +103,41 @@ class ModelVersion:
             )  # fmt: skip
         self.load_seconds = time.perf_counter() - started
 
-    def _load(self, settings: Settings, exporter: Executor) -> None:
+    def _load(self, settings: Settings, exporter: Executor, preparer: Preparer) -> None:
         model_file = find_model_file(self.path)
-        digest = file_digest(model_file)
-        self.keras_model = load_model(model_file, trust=settings.trust_models)
-        self.signature = read_signature(self.keras_model)
-        self.graph = LayerGraph(self.signature, self.keras_model)
-        self.layer_count = len(getattr(self.keras_model, "layers", []))
-        self._read_config()
-        probe = probe_batch(self.signature.inputs, self.config.warmup_batch_size)
+        source = ModelSource(model_file, file_digest(model_file), settings.trust_models)
+        cache_file = onnx_cache_path(settings.engine_cache_dir, source.digest)
         engine_choice = self.config.engine or settings.engine
+        if engine_choice == "keras":
+            verdict = Verdict(None, "engine=keras was requested")
+            self._load_keras(source)
+        else:
+            prepared = preparer.model(source, cache_file, self.config.warmup_batch_size)
+            verdict, self.signature = prepared.verdict, prepared.signature
+            self.graph = LayerGraph.from_table(
+                self.signature, prepared.layers, prepared.unavailable_reason, source.load
+            )
+            self.layer_count = prepared.layer_count
+        self._read_config()
         choice = choose_engine(
-            self.keras_model,
-            self.signature.inputs,
-            engine_choice,
-            onnx_cache_path(settings.engine_cache_dir, digest),
-            probe,
-            settings.verify_atol,
-            settings.intra_op_threads,
-        )
-        choice.engine.run(probe)  # warm-up: the first request must not pay for lazy initialisation
+            verdict, engine_choice, cache_file, self.signature.inputs, settings.verify_atol,
+            settings.intra_op_threads, keras_engine=lambda: self._load_keras(source),
+        )  # fmt: skip
+        choice.engine.run(probe_batch(self.signature.inputs, self.config.warmup_batch_size))  # warm-up
         self.engine, self.engine_reason = choice.engine, choice.reason
         self._configure_batching(settings)
-        self._is_fast = self._batch_seconds() * 1000 < settings.inline_max_ms
+        self._is_fast = self._runs_inline(settings.inline_max_ms / 1000)
         cut_settings = settings.model_copy(update={"engine": engine_choice})
-        self.cuts = CutCache(self.graph, digest, cut_settings, exporter)
+        self.cuts = CutCache(self.graph, source, cut_settings, exporter, preparer)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
+
+    def _load_keras(self, source: ModelSource) -> KerasEngine:
+        """Load the Keras model here (the fallback when ONNX cannot serve it) and compile its call."""
+        model = source.load()
+        self.signature = read_signature(model)
+        self.graph = LayerGraph(self.signature, model)
+        self.layer_count = len(getattr(model, "layers", []))
+        return KerasEngine(model, self.signature.inputs)
 
     def _configure_batching(self, settings: Settings) -> None:
         config = self.config
@@ -138,16 +147,23 @@ class ModelVersion:
         self._budget = QueueBudget(config.max_queue_size or settings.max_queue_size)
         self._timeout_ms = settings.request_timeout_ms
 
-    def _batch_seconds(self) -> float:
-        """The best of three calls of the engine on a full batch (decides whether batches run inline)."""
+    def _runs_inline(self, limit_s: float) -> bool:
+        """Whether a full batch takes under `limit_s` (best of three), so batches may run on the event loop.
+
+        One call on the warm-up batch decides for slow models without three full batches, which on a big
+        model would take the cores from the models that serve during a reload.
+        """
         assert self.engine is not None
-        batch = probe_batch(self.signature.inputs, self._max_batch_size)
-        timings = []
-        for _ in range(3):
-            started = time.perf_counter()
-            self.engine.run(batch)
-            timings.append(time.perf_counter() - started)
-        return min(timings)
+        inputs = self.signature.inputs
+        for batch, tries in ((probe_batch(inputs, 1), 1), (probe_batch(inputs, self._max_batch_size), 3)):
+            fastest = float("inf")
+            for _ in range(tries):
+                started = time.perf_counter()
+                self.engine.run(batch)
+                fastest = min(fastest, time.perf_counter() - started)
+            if fastest >= limit_s:
+                return False
+        return True
 
     def batching(self) -> dict[str, object]:
         """The batching settings in force, for metadata."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -66,6 +67,10 @@ def create_app(settings: Settings) -> Starlette:
 
     async def keep_in_sync() -> None:
         await reloader.start()
+        # TensorFlow and Keras leave millions of long-lived objects; a full garbage collection walks them
+        # all (about 0.2 s holding the GIL). Freezing what start-up made keeps collections short after.
+        gc.collect()
+        gc.freeze()
         if settings.reload_interval_s > 0:
             await reloader.run(settings.reload_interval_s)
 
