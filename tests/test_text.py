@@ -23,7 +23,7 @@ from layerserve.text import Tokenizer
 from layerserve.training import TextTrainingParams, check_dataset, train_text_classifier, write_version
 from tests.live_server import LiveServer, start_server
 
-POSITIVE, NEGATIVE = "这本书写得非常好，内容精彩，我很喜欢。", "质量太差了，非常失望，不推荐。"
+POSITIVE, NEGATIVE = "房间很干净，服务很好，下次还会再来。", "质量太差了，非常失望，不推荐。"
 
 
 def _package(name: str) -> Path:
@@ -87,10 +87,10 @@ def test_bad_datasets_are_refused() -> None:
 def test_recipe_accuracy_on_real_data() -> None:
     texts, labels = chinese_reviews(2500)
     chinese = train_text_classifier(texts, labels, TextTrainingParams(split="character", ngrams=2))
-    assert max(chinese.metrics["val_accuracy"]) >= 0.80
+    assert chinese.metrics["val_accuracy"][-1] >= 0.80  # the weights written are the last epoch's
     texts, labels = english_reviews(4000)
     english = train_text_classifier(texts, labels, TextTrainingParams(split="whitespace", ngrams=2))
-    assert max(english.metrics["val_accuracy"]) >= 0.65
+    assert english.metrics["val_accuracy"][-1] >= 0.65
 
 
 @pytest.fixture(scope="module")

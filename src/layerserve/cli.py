@@ -1,9 +1,10 @@
-"""The command line: `layerserve serve | models | demo build`; every setting is also a flag."""
+"""The command line: `layerserve serve | models | bench | train | demo build`; every setting is also a flag."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import types
@@ -14,6 +15,7 @@ from typing import Any
 from layerserve import __version__
 from layerserve.errors import LayerserveError
 from layerserve.settings import Settings, load_settings
+from layerserve.training import TextTrainingParams
 
 log = logging.getLogger("layerserve")
 
@@ -101,6 +103,55 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from layerserve.datasets import format_of, parse_dataset
+    from layerserve.reloader import check_model_name
+    from layerserve.repository import write_pin
+    from layerserve.settings import describe_validation_error
+    from layerserve.training import (
+        TextTrainingParams,
+        check_dataset,
+        check_text_model,
+        train_text_classifier,
+        write_version,
+    )
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _configure_logging("warning")
+    check_model_name(args.model)
+    fmt = format_of(args.data.name, args.format)
+    texts, labels = parse_dataset(args.data.read_bytes(), fmt, args.text_column, args.label_column)
+    check_dataset(texts, labels)
+    model_dir = args.repository / args.model
+    check_text_model(model_dir)
+    given = {name: getattr(args, name) for name in TextTrainingParams.model_fields if getattr(args, name) is not None}
+    try:
+        params = TextTrainingParams.model_validate(given)
+    except ValidationError as error:
+        raise LayerserveError(describe_validation_error(error, "param")) from None
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns) as progress:
+        task = progress.add_task("epoch 1", total=params.epochs)
+
+        def report(update: dict[str, Any]) -> None:
+            done = update["epoch"] - (0 if "loss" in update else 1) + update["step"] / max(1, update["steps"])
+            scores = "  ".join(f"{k} {v:.3f}" for k, v in update.items() if "loss" in k or "accuracy" in k)
+            progress.update(task, completed=min(done, update["epoch"]), description=f"epoch {update['epoch']} {scores}")
+
+        trained = train_text_classifier(texts, labels, params, report)
+    number = write_version(model_dir, trained, params)
+    if args.apply:
+        write_pin(model_dir, number)
+    accuracy = trained.metrics.get("val_accuracy", trained.metrics.get("accuracy", [float("nan")]))[-1]
+    print(f"{args.model} version {number}{' (pinned)' if args.apply else ''}: {len(texts)} rows, "
+          f"{len(trained.labels)} labels, {'validation ' if 'val_accuracy' in trained.metrics else ''}accuracy "
+          f"{accuracy:.3f}; written to {model_dir / str(number)}")  # fmt: skip
+    return 0
+
+
 def _demo_build(args: argparse.Namespace) -> int:
     from layerserve.demo import build_demo_repository
 
@@ -150,6 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output", type=Path, default=None, help="write the report as JSON")
     bench.add_argument("--plot", type=Path, default=None, help="write throughput and p99 vs concurrency as PNG")
     bench.set_defaults(run=_bench)
+
+    train = commands.add_parser("train", help="train a text classifier version without a server")
+    train.add_argument("repository", type=Path, help="the model repository the version is written to")
+    train.add_argument("model", help="the model name (created as a text model when new)")
+    train.add_argument("--data", type=Path, required=True, help="CSV, TSV or JSON lines with texts and labels")
+    train.add_argument("--format", choices=["csv", "tsv", "jsonl"], default=None, help="default: by file name")
+    train.add_argument("--text-column", default="text")
+    train.add_argument("--label-column", default="label")
+    train.add_argument("--apply", action="store_true", help="pin the new version as the active one")
+    params = train.add_argument_group("training parameters (defaults in parentheses)")
+    for name, field in TextTrainingParams.model_fields.items():
+        text = f"{field.description or ''} ({field.default})".strip()
+        params.add_argument("--" + name.replace("_", "-"), dest=name, help=text, **_flag_kwargs(field.annotation))
+    train.set_defaults(run=_train)
 
     demo = commands.add_parser("demo", help="the built-in demo repository")
     demo_commands = demo.add_subparsers(dest="demo_command", required=True)

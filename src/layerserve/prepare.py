@@ -161,8 +161,8 @@ def prepare_cut(
 
 
 def lower_priority() -> None:
-    """Background work (loading, exporting) yields the CPU to serving: this thread and those it starts run
-    only when a core would otherwise idle (SCHED_IDLE; niced where that is not available)."""
+    """Background work (preparing models, training) yields the CPU to serving: this thread and those it
+    starts run only when a core would otherwise idle (SCHED_IDLE; niced where that is not available)."""
     try:
         os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):

