@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from layerserve.errors import ConfigError
-from layerserve.settings import VersionPolicy, load_settings, read_model_config
+from layerserve.settings import VersionPolicy, load_settings, read_model_config, settings_table
 
 
 def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
@@ -63,3 +63,10 @@ def test_version_policies(tmp_path: Path) -> None:
     assert VersionPolicy(specific=[1, 5]).select([3, 1, 2]) == [1]
     (tmp_path / "config.yaml").write_text("version_policy: all\n")
     assert read_model_config(tmp_path / "config.yaml").version_policy.all
+
+
+def test_readme_settings_table_is_generated_from_the_settings() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("<!-- settings table")
+    table = readme[readme.index("\n", start) + 1 : readme.index("<!-- end of settings table -->")]
+    assert table == settings_table(), "the README settings table drifted: paste layerserve.settings.settings_table()"

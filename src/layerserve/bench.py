@@ -167,9 +167,10 @@ def _process_metrics(url: str) -> tuple[float, float] | None:
             text = response.read().decode()
     except OSError:
         return None
-    cpu = re.search(r"^process_cpu_seconds_total (\S+)$", text, re.M)
-    rss = re.search(r"^process_resident_memory_bytes (\S+)$", text, re.M)
-    return (float(cpu.group(1)), float(rss.group(1))) if cpu and rss else None
+    # One line per worker process (`{pid="..."}`) with several workers, one line without labels otherwise.
+    cpu = re.findall(r"^layerserve_process_cpu_seconds(?:\{[^}]*\})? (\S+)$", text, re.M)
+    rss = re.findall(r"^layerserve_process_resident_memory_bytes(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return (sum(map(float, cpu)), sum(map(float, rss))) if cpu and rss else None
 
 
 def run_step(url: str, workload: Workload, concurrency: int, seconds: float, pool: Pool) -> StepResult:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import types
 import typing
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 from layerserve import __version__
 from layerserve.errors import LayerserveError
+from layerserve.logs import configure_logging
 from layerserve.settings import Settings, load_settings
 from layerserve.training import TextTrainingParams
 
@@ -50,20 +53,34 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from layerserve.http.app import create_app
+    from layerserve.gpu import apply_settings
+    from layerserve.http.app import SETTINGS_VARIABLE, create_app
 
     settings = _settings(args, model_repository=args.repository)
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format, settings.log_file)
     if not settings.model_repository.is_dir():
         raise LayerserveError(f"model repository {settings.model_repository} is not a folder")
-    app = create_app(settings)
+    apply_settings(settings)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler it found: make that
     # handler a no-op so that a clean shutdown exits with status 0, as process supervisors expect.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        loop="uvloop", http="httptools", access_log=False, proxy_headers=False,
-    )  # fmt: skip
+    options: dict[str, Any] = {
+        "host": settings.host, "port": settings.port, "log_level": settings.log_level, "log_config": None,
+        "loop": "uvloop", "http": "httptools", "access_log": False, "proxy_headers": False,
+        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+    }  # fmt: skip
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), **options)
+        return 0
+    # Each worker is a new process that builds the app and loads the models itself (nothing is loaded
+    # here, before the workers start); their metrics are kept in files that /metrics sums.
+    metrics_dir = tempfile.mkdtemp(prefix="layerserve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    os.environ[SETTINGS_VARIABLE] = settings.model_dump_json()
+    try:
+        uvicorn.run("layerserve.http.app:app_from_environment", factory=True, workers=settings.workers, **options)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
@@ -120,7 +137,7 @@ def _train(args: argparse.Namespace) -> int:
     )
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    _configure_logging("warning")
+    configure_logging("warning")
     check_model_name(args.model)
     fmt = format_of(args.data.name, args.format)
     texts, labels = parse_dataset(args.data.read_bytes(), fmt, args.text_column, args.label_column)
@@ -155,15 +172,10 @@ def _train(args: argparse.Namespace) -> int:
 def _demo_build(args: argparse.Namespace) -> int:
     from layerserve.demo import build_demo_repository
 
-    _configure_logging("info")
+    configure_logging("info")
     build_demo_repository(args.directory)
     print(f"demo repository written to {args.directory}; serve it with: layerserve serve {args.directory}")
     return 0
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("tf2onnx").setLevel(logging.WARNING)  # it logs every optimizer pass at INFO
 
 
 def build_parser() -> argparse.ArgumentParser:

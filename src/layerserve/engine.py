@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from layerserve.errors import ModelLoadError
+from layerserve.gpu import onnx_providers
 from layerserve.tensors import Array, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ class OnnxEngine:
         options.log_severity_level = 3
         # Idle ORT threads otherwise spin for a while after each call, taking the cores HTTP needs.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        providers = onnx_providers(ort.get_available_providers())
+        self._session = ort.InferenceSession(str(path), options, providers=providers)
         names = [i.name for i in self._session.get_inputs()]
         if len(names) != len(inputs):
             raise ModelLoadError(f"exported graph has {len(names)} inputs, the model {len(inputs)}")

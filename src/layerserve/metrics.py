@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import contextlib
+import os
+import shutil
+import subprocess
+from contextvars import ContextVar
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge, Histogram
 
 _LABELS = ("model", "version")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -25,3 +32,75 @@ CACHE_ERRORS = Counter(
     "layerserve_cache_errors", "Feature cache failures (backend errors, malformed values).", _CACHE_LABELS
 )
 CACHE_BYTES = Counter("layerserve_cache_stored_bytes", "Bytes written to the feature cache.", _CACHE_LABELS)
+
+_REQUEST_LABELS = ("model", "version", "route", "status")
+REQUESTS = Counter("layerserve_requests", "HTTP requests answered.", _REQUEST_LABELS)
+REQUEST_SECONDS = Histogram(
+    "layerserve_request_seconds", "Time from request to answer.", ("model", "route"), buckets=_SECONDS_BUCKETS
+)
+IN_FLIGHT = Gauge("layerserve_requests_in_flight", "Requests being answered now.", multiprocess_mode="livesum")
+MODEL_LOAD_SECONDS = Gauge(
+    "layerserve_model_load_seconds", "Seconds the last load of a version took.", _LABELS, multiprocess_mode="max"
+)
+MODEL_STATE = Gauge(
+    "layerserve_model_state", "1 for a version's state (LOADING, READY, FAILED), per process.",
+    ("model", "version", "state"), multiprocess_mode="liveall",
+)  # fmt: skip
+PROCESS_CPU_SECONDS = Gauge(
+    "layerserve_process_cpu_seconds", "CPU seconds used by the server process.", multiprocess_mode="liveall"
+)
+PROCESS_RSS_BYTES = Gauge(
+    "layerserve_process_resident_memory_bytes", "Resident memory of the server process.", multiprocess_mode="liveall"
+)
+GPU_MEMORY_USED_BYTES = Gauge(
+    "layerserve_gpu_memory_used_bytes", "GPU memory in use, per device.", ("device",), multiprocess_mode="max"
+)
+GPU_MEMORY_TOTAL_BYTES = Gauge(
+    "layerserve_gpu_memory_total_bytes", "GPU memory, per device.", ("device",), multiprocess_mode="max"
+)
+
+# The model and version a request was answered by, for the request metrics and the access log.
+SERVED_BY: ContextVar[tuple[str, int] | None] = ContextVar("served_by", default=None)
+
+
+def set_model_state(name: str, version: int, state: str | None) -> None:
+    """Record a version's state (None: unloaded) for /metrics."""
+    for known in ("LOADING", "READY", "FAILED"):
+        if state is None:
+            with contextlib.suppress(KeyError):
+                MODEL_STATE.remove(name, str(version), known)
+        else:
+            MODEL_STATE.labels(name, str(version), known).set(1.0 if known == state else 0.0)
+
+
+def sample_process(with_gpu: bool = True) -> None:
+    """Refresh the process (and GPU) gauges; each worker does, so that /metrics can sum them."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    PROCESS_CPU_SECONDS.set(usage.ru_utime + usage.ru_stime)
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        PROCESS_RSS_BYTES.set(pages * os.sysconf("SC_PAGE_SIZE"))
+    for device, used, total in gpu_memory() if with_gpu else ():
+        GPU_MEMORY_USED_BYTES.labels(device).set(used)
+        GPU_MEMORY_TOTAL_BYTES.labels(device).set(total)
+
+
+def gpu_memory() -> list[tuple[str, int, int]]:
+    """(device, used bytes, total bytes) per GPU from nvidia-smi; empty where there is none."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=5, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in result.stdout.strip().splitlines():
+        with contextlib.suppress(ValueError):
+            index, used, total = (part.strip() for part in line.split(","))
+            rows.append((index, int(used) << 20, int(total) << 20))
+    return rows

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from layerserve.errors import ModelLoadError
+from layerserve.gpu import configure_tensorflow
 from layerserve.tensors import TensorSpec, datatype_of
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def load_model(path: Path, trust: bool) -> Any:
     """
     import keras
 
+    configure_tensorflow()
     try:
         if path.is_dir():
             return _wrap_saved_model(path)

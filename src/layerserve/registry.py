@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from layerserve.cache import FeatureCache
 from layerserve.errors import NotFoundError, NotReadyError
+from layerserve.metrics import SERVED_BY
 from layerserve.prepare import Preparer
 from layerserve.repository import ModelSpec
 from layerserve.settings import Settings
@@ -96,6 +97,7 @@ class ModelRegistry:
             NotReadyError: the version is loading or failed.
         """
         model_version = self.find(name, version)
+        SERVED_BY.set((name, model_version.version))
         if not model_version.is_ready:
             detail = f": {model_version.reason}" if model_version.reason else ""
             raise NotReadyError(f"model '{name}' version {model_version.version} is {model_version.state}{detail}")

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
+from layerserve.metrics import set_model_state
 from layerserve.registry import ModelEntry, ModelRegistry
 from layerserve.repository import Fingerprint, fingerprint, model_folders, scan_model, write_pin
 from layerserve.version import ModelVersion
@@ -172,7 +173,7 @@ class Reloader:
         is_complete = all(number in entry.versions and entry.versions[number].is_ready for number in spec.versions)
         for number in set(entry.versions) - set(spec.versions):
             if number not in spec.present or is_complete:
-                self._retire(entry.versions.pop(number))
+                self._remove(entry, number)
         return entry
 
     async def _load(self, entry: ModelEntry, number: int, path: Path, stamp: Fingerprint | None = None) -> ModelVersion:
@@ -197,7 +198,12 @@ class Reloader:
 
     def _retire_all(self, entry: ModelEntry) -> None:
         for number in list(entry.versions):
-            self._retire(entry.versions.pop(number))
+            self._remove(entry, number)
+
+    def _remove(self, entry: ModelEntry, number: int) -> None:
+        """A version number leaves the registry: drained and closed, and gone from /metrics."""
+        self._retire(entry.versions.pop(number))
+        set_model_state(entry.spec.name, number, None)
 
     def _retire(self, version: ModelVersion) -> None:
         """Close a version that left the registry once the requests holding it are answered."""

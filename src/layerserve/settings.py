@@ -23,7 +23,9 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model_repository: Path = Field(Path("models"), description="Folder of models: <repo>/<model>/<version>/.")
+    model_repository: Path = Field(
+        Path("models"), description="Folder of models: `<repo>/<model>/<version>/` (the REPOSITORY argument)."
+    )
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 for every interface).")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
     reload_interval_s: float = Field(
@@ -80,15 +82,37 @@ class Settings(BaseModel):
         description="Load models that contain Lambda layers or custom code (never for untrusted files).",
     )
     jobs_dir: Path | None = Field(
-        None, description="Where training job records (SQLite) and their data live (none: <repository>/.jobs)."
+        None, description="Where training job records (SQLite) and their data live (none: `<repository>/.jobs`)."
     )
     data_dir: Path | None = Field(
         None, description="The folder training jobs may read server-side datasets from (none: uploads only)."
     )
     training_threads: int = Field(1, ge=1, description="CPU threads of each training job's process.")
+    workers: int = Field(
+        1, ge=1, le=64, description="Server processes on the one port; each loads every model itself (after start)."
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long requests in flight may take to finish before the exit."
+    )
+    admin_token: str | None = Field(
+        None, description="Bearer token the management routes require (load, unload, apply, train, jobs)."
+    )
+    api_token: str | None = Field(None, description="Bearer token every route except health requires.")
+    access_log: bool = Field(False, description="Log one line per request: route, model, version, status, latency.")
+    log_format: Literal["text", "json"] = Field("text", description="text lines, or JSON lines.")
+    log_file: Path | None = Field(None, description="Append logs to this file (none: standard error).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    gpu_devices: str | None = Field(
+        None, description="GPUs this server may use, as CUDA_VISIBLE_DEVICES (e.g. 0,1; empty: none; none: all)."
+    )
+    gpu_memory_growth: bool = Field(
+        True, description="TensorFlow allocates GPU memory as needed instead of all of it at start."
+    )
+    gpu_memory_limit_mb: int = Field(
+        0, ge=0, description="GPU memory each process may use per device, TensorFlow and ONNX Runtime (0: no limit)."
+    )
 
-    @field_validator("model_repository", "engine_cache_dir", "jobs_dir", "data_dir", mode="after")
+    @field_validator("model_repository", "engine_cache_dir", "jobs_dir", "data_dir", "log_file", mode="after")
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -97,6 +121,27 @@ class Settings(BaseModel):
     def job_records_dir(self) -> Path:
         """The folder of training job records: `jobs_dir`, else `.jobs` in the repository."""
         return self.jobs_dir or self.model_repository / ".jobs"
+
+
+def _format_default(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, Path):
+        home = str(Path.home())
+        return f"`{str(value).replace(home, '~', 1) if str(value).startswith(home) else value}`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{value}`"
+
+
+def settings_table() -> str:
+    """The README's table of settings, made from the Settings fields (a test keeps the README equal)."""
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        rows.append(f"| `{name}` | {_format_default(field.default)} | {field.description} |")
+    return "\n".join(rows) + "\n"
 
 
 def _env_values(environ: Mapping[str, str]) -> dict[str, str]:

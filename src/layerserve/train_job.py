@@ -37,6 +37,9 @@ def run(job_dir: Path) -> int:
     lower_priority()  # before TensorFlow starts its threads: they inherit it
     import tensorflow as tf
 
+    from layerserve.gpu import configure_tensorflow
+
+    configure_tensorflow()
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     texts, labels = [], []

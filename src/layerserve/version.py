@@ -21,6 +21,7 @@ from layerserve.errors import LayerserveError, ModelLoadError, NotReadyError, Un
 from layerserve.images import ImageDecoder, ImageSpec
 from layerserve.labels import load_labels
 from layerserve.layers import LayerGraph
+from layerserve.metrics import MODEL_LOAD_SECONDS, set_model_state
 from layerserve.model import Signature, file_digest, find_model_file, read_signature
 from layerserve.pooling import pool_features
 from layerserve.prepare import ModelSource, Preparer
@@ -87,6 +88,7 @@ class ModelVersion:
         `exporter` runs the ONNX exports of this version's cuts in the background.
         """
         started = time.perf_counter()
+        set_model_state(self.name, self.version, VersionState.LOADING)
         try:
             self._load(settings, exporter, preparer)
         except LayerserveError as error:
@@ -102,6 +104,8 @@ class ModelVersion:
                 self.name, self.version, self.engine_name, time.perf_counter() - started, self.engine_reason,
             )  # fmt: skip
         self.load_seconds = time.perf_counter() - started
+        MODEL_LOAD_SECONDS.labels(self.name, str(self.version)).set(self.load_seconds)
+        set_model_state(self.name, self.version, self.state)
 
     def _load(self, settings: Settings, exporter: Executor, preparer: Preparer) -> None:
         model_file = find_model_file(self.path)

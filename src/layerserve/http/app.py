@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import os
+import signal
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from types import FrameType
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
 from layerserve.cache import CacheBackend, FeatureCache, InProcessBackend, RedisBackend, wait_closed
 from layerserve.errors import LayerserveError
 from layerserve.feature_store import FeatureStore
+from layerserve.gpu import apply_settings
 from layerserve.http import (
     image_routes,
     job_routes,
@@ -28,13 +34,18 @@ from layerserve.http import (
     v2_routes,
 )
 from layerserve.http.bodies import JSONResponse
+from layerserve.http.middleware import AuthMiddleware, ObserveMiddleware
 from layerserve.images import ImageDecoder
 from layerserve.jobs import Job, JobRunner
+from layerserve.logs import configure_logging
+from layerserve.metrics import sample_process
 from layerserve.registry import ModelRegistry
 from layerserve.reloader import Reloader
 from layerserve.settings import Settings
 
 log = logging.getLogger(__name__)
+
+SETTINGS_VARIABLE = "LAYERSERVE_WORKER_SETTINGS"  # the settings of worker processes, as JSON
 
 
 async def _layerserve_error(request: Request, error: Exception) -> Response:
@@ -52,6 +63,37 @@ async def _http_error(request: Request, error: Exception) -> Response:
 async def _unexpected_error(request: Request, error: Exception) -> Response:
     log.exception("internal error on %s %s", request.method, request.url.path)
     return JSONResponse({"error": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
+
+
+def _turn_unready_on_sigterm(draining: threading.Event) -> None:
+    """Wrap the server's SIGTERM handler so that readiness turns false as soon as shutdown begins (uvicorn
+    then stops accepting connections and lets requests in flight finish)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # embedded in a thread (tests): only the main thread may set signal handlers
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handle(number: int, frame: FrameType | None) -> None:
+        draining.set()
+        if callable(previous):
+            previous(number, frame)
+
+    signal.signal(signal.SIGTERM, handle)
+
+
+async def _sample_process_forever(every_s: float = 1.0, gpu_every: int = 5) -> None:
+    """Keep this process's CPU and memory gauges (and, less often, GPU memory) fresh; with several workers
+    /metrics sums every worker's last sample."""
+    for count in itertools.count():
+        await asyncio.to_thread(sample_process, count % gpu_every == 0)
+        await asyncio.sleep(every_s)
+
+
+def app_from_environment() -> Starlette:
+    """The app of one worker process of `layerserve serve --workers N` (settings passed as JSON)."""
+    settings = Settings.model_validate_json(os.environ[SETTINGS_VARIABLE])
+    configure_logging(settings.log_level, settings.log_format, settings.log_file)
+    apply_settings(settings)
+    return create_app(settings)
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -85,7 +127,9 @@ def create_app(settings: Settings) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        _turn_unready_on_sigterm(app.state.draining)
         syncing = asyncio.create_task(keep_in_sync())
+        sampling = asyncio.create_task(_sample_process_forever())
         app.state.jobs = JobRunner(
             settings.job_records_dir, settings.training_threads, settings.model_repository, serve_new_version
         )
@@ -94,11 +138,18 @@ def create_app(settings: Settings) -> Starlette:
         finally:
             await app.state.jobs.close()
             syncing.cancel()
-            await asyncio.gather(syncing, return_exceptions=True)
+            sampling.cancel()
+            await asyncio.gather(syncing, sampling, return_exceptions=True)
             registry.close()
             decode_pool.shutdown(wait=False, cancel_futures=True)
             await wait_closed(cache_backend)
 
+    middleware = [Middleware(ObserveMiddleware, log_requests=settings.access_log)]
+    if settings.admin_token or settings.api_token:
+        middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
+    middleware = [Middleware(ObserveMiddleware, log_requests=settings.access_log)]
+    if settings.admin_token or settings.api_token:
+        middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
     app = Starlette(
         routes=[
             *v2_routes.routes,
@@ -110,6 +161,7 @@ def create_app(settings: Settings) -> Starlette:
             *metrics_routes.routes,
         ],
         lifespan=lifespan,
+        middleware=middleware,
         exception_handlers={
             LayerserveError: _layerserve_error,
             HTTPException: _http_error,
@@ -117,6 +169,7 @@ def create_app(settings: Settings) -> Starlette:
         },
     )
     app.state.settings = settings
+    app.state.draining = threading.Event()
     app.state.registry = registry
     app.state.reloader = reloader
     app.state.decoder = ImageDecoder(decode_pool, settings.max_image_pixels)

@@ -45,8 +45,8 @@ async def live(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    """GET /v2/health/ready: 200 once every model has settled, else 503."""
-    is_ready = _registry(request).is_ready
+    """GET /v2/health/ready: 200 once every model has settled, else 503 (also once shutdown began)."""
+    is_ready = _registry(request).is_ready and not request.app.state.draining.is_set()
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 

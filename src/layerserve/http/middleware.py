@@ -1,0 +1,124 @@
+"""ASGI middleware: bearer-token auth, and request metrics with the access log."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+from typing import Any
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from layerserve.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS, SERVED_BY
+
+access_log = logging.getLogger("layerserve.access")
+
+_MANAGEMENT = re.compile(
+    r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)"
+)  # repository load/unload/index, apply, train, and the jobs routes
+_PUBLIC = re.compile(r"^/v2/health/")
+
+
+async def _refuse(send: Send, status: int, message: str) -> None:
+    body = orjson.dumps({"error": message})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="layerserve"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _bearer(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else b""
+    return None
+
+
+class AuthMiddleware:
+    """`admin_token` guards the management routes; `api_token` (if set) every route but health.
+
+    No token: 401; a wrong one: 403. The admin token also opens every other route. Tokens are compared
+    in constant time.
+    """
+
+    def __init__(self, app: ASGIApp, admin_token: str | None, api_token: str | None) -> None:
+        self.app = app
+        self._admin = admin_token.encode() if admin_token else None
+        self._api = api_token.encode() if api_token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Check the token the route needs, then pass the request on."""
+        if scope["type"] != "http" or _PUBLIC.match(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        is_management = bool(_MANAGEMENT.match(scope["path"]))
+        accepted = [t for t in ((self._admin,) if is_management else (self._admin, self._api)) if t is not None]
+        needed = (is_management and self._admin is not None) or (not is_management and self._api is not None)
+        if needed:
+            token = _bearer(scope)
+            kind = "an admin" if is_management else "an API"
+            if not token:
+                await _refuse(send, 401, f"this route needs {kind} token: send 'Authorization: Bearer <token>'")
+                return
+            # Every candidate is compared, so the time taken does not tell which one came close.
+            matches = [hmac.compare_digest(token, candidate) for candidate in accepted]
+            if not any(matches):
+                await _refuse(send, 403, f"the bearer token is not {kind} token of this server")
+                return
+        await self.app(scope, receive, send)
+
+
+class ObserveMiddleware:
+    """Counts and times every request by model, version, route and status; writes the access log."""
+
+    def __init__(self, app: ASGIApp, log_requests: bool) -> None:
+        self.app = app
+        self._log_requests = log_requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer the request, then record it."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_see(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        SERVED_BY.set(None)
+        IN_FLIGHT.inc()
+        try:
+            await self.app(scope, receive, send_and_see)
+        finally:
+            IN_FLIGHT.dec()
+            self._record(scope, status, time.perf_counter() - started)
+
+    def _record(self, scope: Scope, status: int, seconds: float) -> None:
+        served = SERVED_BY.get()
+        model, version = (served[0], str(served[1])) if served else ("", "")
+        route = _route_name(scope.get("endpoint"))
+        REQUESTS.labels(model, version, route, str(status)).inc()
+        REQUEST_SECONDS.labels(model, route).observe(seconds)
+        if self._log_requests:
+            access_log.info(
+                "%s %s route=%s model=%s version=%s status=%d %.2fms",
+                scope["method"], scope["path"], route, model or "-", version or "-", status, seconds * 1000,
+                extra={"route": route, "model": model, "version": version, "status": status,
+                       "method": scope["method"], "path": scope["path"], "latency_ms": round(seconds * 1000, 3)},
+            )  # fmt: skip
+
+
+def _route_name(endpoint: Any) -> str:
+    """`v2.infer`, `tfserving.predict`, ...: the module and function that answered; `none` if no route did."""
+    if endpoint is None:
+        return "none"
+    module = getattr(endpoint, "__module__", "").rsplit(".", 1)[-1].removesuffix("_routes")
+    return f"{module}.{getattr(endpoint, '__name__', 'endpoint')}"

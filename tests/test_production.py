@@ -1,0 +1,231 @@
+"""Production features: tokens, access log, request metrics, GPU settings, several workers, and a graceful
+shutdown with requests in flight."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import keras
+import numpy as np
+import pytest
+
+from layerserve.gpu import MEMORY_LIMIT_VARIABLE, apply_settings, onnx_providers
+from layerserve.logs import JsonFormatter
+from layerserve.settings import Settings
+from tests.conftest import _save, build_mlp
+from tests.live_server import LiveServer, free_port, start_server
+
+ADMIN, API = "admin-secret-token", "api-secret-token"
+
+
+@pytest.fixture(scope="module")
+def guarded(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    settings = Settings(
+        model_repository=repository, engine_cache_dir=tmp_path_factory.mktemp("guarded-cache"),
+        admin_token=ADMIN, api_token=API, access_log=True, reload_interval_s=0,
+    )  # fmt: skip
+    live = start_server(settings)
+    yield live
+    live.stop()
+
+
+def _infer(url: str, headers: dict[str, str]) -> httpx.Response:
+    body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}]}
+    return httpx.post(f"{url}/v2/models/mlp/infer", json=body, headers=headers)
+
+
+def test_tokens_guard_routes(guarded: LiveServer) -> None:
+    url = guarded.url
+    bearer = {"api": {"Authorization": f"Bearer {API}"}, "admin": {"Authorization": f"Bearer {ADMIN}"}}
+    assert httpx.get(f"{url}/v2/health/ready").status_code == 200  # health needs no token
+    missing = _infer(url, {})
+    assert missing.status_code == 401 and "API token" in missing.json()["error"]
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    assert _infer(url, {"Authorization": "Bearer wrong"}).status_code == 403
+    assert _infer(url, {"Authorization": "Basic abc"}).status_code == 401
+    assert _infer(url, bearer["api"]).status_code == 200
+    assert _infer(url, bearer["admin"]).status_code == 200  # the admin token opens every route
+    for path in ("/v2/repository/index", "/v2/repository/models/mlp/load", "/v2/models/mlp/versions/1/apply"):
+        assert httpx.post(f"{url}{path}").status_code == 401, path
+        assert httpx.post(f"{url}{path}", headers=bearer["api"]).status_code == 403, path
+    assert httpx.post(f"{url}/v2/repository/index", headers=bearer["admin"]).status_code == 200
+    assert httpx.post(f"{url}/v2/models/new/train", json={}, headers=bearer["api"]).status_code == 403
+    assert httpx.get(f"{url}/v2/jobs", headers=bearer["admin"]).status_code == 200
+
+
+def test_access_log_and_request_metrics(guarded: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    headers = {"Authorization": f"Bearer {API}"}
+    with caplog.at_level(logging.INFO, logger="layerserve.access"):
+        assert _infer(guarded.url, headers).status_code == 200
+        assert httpx.get(f"{guarded.url}/v2/models/nope", headers=headers).status_code == 404
+    records = [r for r in caplog.records if r.name == "layerserve.access"]
+    infer = next(r for r in records if r.path == "/v2/models/mlp/infer")  # type: ignore[attr-defined]
+    assert (infer.route, infer.model, infer.version, infer.status) == ("v2.infer", "mlp", "2", 200)  # type: ignore[attr-defined]
+    assert infer.latency_ms > 0  # type: ignore[attr-defined]
+    line = json.loads(JsonFormatter().format(infer))
+    assert line["logger"] == "layerserve.access" and line["model"] == "mlp" and line["status"] == 200
+    text = httpx.get(f"{guarded.url}/metrics", headers=headers).text
+    ok = re.search(
+        r'^layerserve_requests_total\{model="mlp",route="v2.infer",status="200",version="2"\} (\S+)$', text, re.M
+    )
+    assert ok and float(ok.group(1)) >= 2
+    assert re.search(
+        r'^layerserve_requests_total\{model="",route="v2.model_metadata",status="404",version=""\}', text, re.M
+    )
+    assert re.search(r'^layerserve_request_seconds_count\{model="mlp",route="v2.infer"\} ', text, re.M)
+    assert re.search(r'^layerserve_model_state\{model="mlp",state="READY",version="2"\} 1.0$', text, re.M)
+    assert re.search(r'^layerserve_model_load_seconds\{model="mlp",version="2"\} [0-9.]+$', text, re.M)
+    assert re.search(r"^layerserve_requests_in_flight 1.0$", text, re.M)  # this very request
+    rss = re.search(r"^layerserve_process_resident_memory_bytes (\S+)$", text, re.M)
+    assert rss and float(rss.group(1)) > 50e6
+    assert re.search(r"^layerserve_queue_seconds_bucket", text, re.M) and re.search(
+        r"^layerserve_batch_size", text, re.M
+    )
+
+
+def test_gpu_settings_reach_the_environment_and_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", MEMORY_LIMIT_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    apply_settings(Settings(gpu_devices="1", gpu_memory_growth=True, gpu_memory_limit_mb=512))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1" and os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert onnx_providers(["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
+        ("CUDAExecutionProvider", {"gpu_mem_limit": str(512 << 20)}),
+        "CPUExecutionProvider",
+    ]
+    assert onnx_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]  # this machine: CPU only
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    apply_settings(Settings())
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ and os.environ[MEMORY_LIMIT_VARIABLE] == "0"
+
+
+def _serve(repository: Path, cache: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
+    """`layerserve serve` in a subprocess, logging to `server.log` beside the repository."""
+    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
+    command += ["--engine-cache-dir", str(cache), "--log-level", "warning", "--log-file", str(_log(repository))]
+    return subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _log(repository: Path) -> Path:
+    return repository.parent / "server.log"
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> list[int]:
+    """Poll until ready; the liveness answers seen while it was not ready (status codes)."""
+    seen: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text() if log.exists() else "no log"
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
+                return seen
+            seen.append(httpx.get(f"{url}/v2/health/live", timeout=5).status_code)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not become ready")
+
+
+@pytest.mark.slow
+def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in ("efficientnet_lite0", "token_classifier"):  # a fresh cache: EfficientNet's load exports it
+        (repo / name).mkdir(parents=True)
+        for item in (demo_repository / name).iterdir():
+            target = repo / name / item.name
+            target.symlink_to(item, target_is_directory=item.is_dir())
+    _save(build_mlp(1), repo / "mlp" / "1", "model.keras")
+    _save(build_mlp(2), repo / "mlp" / "2", "model.keras")
+    (repo / "mlp" / "config.yaml").write_text("version_policy: {all: true}\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _serve(repo, tmp_path / "cache", port, "--workers", "2", "--reload-interval-s", "0.5")
+    try:
+        seen_live = _wait_ready(url, process, _log(repo))
+        # Loading took longer than uvicorn's 5 s worker health check, and the workers kept answering live.
+        assert seen_live and set(seen_live) == {200}
+        text = httpx.get(f"{url}/metrics").text
+        assert len(set(re.findall(r'layerserve_process_cpu_seconds\{pid="(\d+)"\}', text))) == 2
+        httpx.post(f"{url}/v2/models/mlp/versions/1/apply").raise_for_status()  # answered by one worker
+        time.sleep(1.5)  # one reload interval (0.5 s) and margin: the other worker has read the pin
+        body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}]}
+        versions = set()
+        for _ in range(40):  # new connections, spread over both workers by the kernel
+            with httpx.Client() as client:
+                versions.add(client.post(f"{url}/v2/models/mlp/infer", json=body).json()["model_version"])
+        assert versions == {"1"}
+        text = httpx.get(f"{url}/metrics").text
+        served = re.findall(
+            r'^layerserve_requests_total\{model="mlp",route="v2.infer",status="200",version="1"\} (\S+)$', text, re.M
+        )
+        assert served and float(served[0]) == 40  # summed over both workers
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+
+
+def _slow_model(folder: Path) -> None:
+    """Eight 1024-wide layers: 10,000 rows take seconds on a CPU."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((1024,), name="x")
+    h = x
+    for i in range(8):
+        h = keras.layers.Dense(1024, activation="tanh", name=f"d{i}")(h)
+    _save(keras.Model(x, h), folder, "model.keras")
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_path: Path) -> None:
+    _slow_model(tmp_path / "repo" / "slow" / "1")
+    (tmp_path / "repo" / "slow" / "config.yaml").write_text("max_batch_size: 10000\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _serve(tmp_path / "repo", tmp_path / "cache", port, "--shutdown-timeout-s", "60")
+    _wait_ready(url, process, _log(tmp_path / "repo"))
+    rows = np.random.default_rng(0).normal(size=(10000, 1024)).astype(np.float32)
+    header = json.dumps({"inputs": [{"name": "x", "shape": [10000, 1024], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": rows.nbytes}}]}).encode()  # fmt: skip
+    answers: list[httpx.Response] = []
+
+    def slow_request() -> None:
+        answers.append(httpx.post(
+            f"{url}/v2/models/slow/infer", content=header + rows.tobytes(), timeout=120,
+            headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+        ))  # fmt: skip
+
+    worker = threading.Thread(target=slow_request)
+    started = time.monotonic()
+    worker.start()
+    time.sleep(1.0)  # the request is being computed
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/v2/health/live", timeout=2)  # no new connections
+    worker.join(timeout=120)
+    assert process.wait(timeout=60) == 0
+    assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+    assert time.monotonic() - started > 1.3  # it did finish after the signal
+
+
+def test_sigterm_turns_readiness_off_before_the_server_stops() -> None:
+    from layerserve.http.app import _turn_unready_on_sigterm
+
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: calls.append(number))
+    try:
+        draining = threading.Event()
+        _turn_unready_on_sigterm(draining)
+        signal.raise_signal(signal.SIGTERM)
+        assert draining.is_set() and calls == [signal.SIGTERM]  # then uvicorn's own handler runs
+    finally:
+        signal.signal(signal.SIGTERM, previous)
