@@ -16,14 +16,14 @@ from layerserve.demo import build_demo_repository
 
 
 @contextmanager
-def demo_server(port: int, repository: Path | None = None) -> Iterator[tuple[str, Path]]:
-    """Build the demo repository (unless one is given), serve it, yield (url, repository)."""
+def demo_server(port: int, repository: Path | None = None, *flags: str) -> Iterator[tuple[str, Path]]:
+    """Build the demo repository (unless one is given), serve it with `flags`, yield (url, repository)."""
     work = Path(tempfile.mkdtemp(prefix="layerserve-bench-"))
     if repository is None:
         repository = work / "repo"
         build_demo_repository(repository)
     command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
-    command += ["--engine-cache-dir", str(work / "cache"), "--log-level", "warning"]
+    command += ["--engine-cache-dir", str(work / "cache"), "--log-level", "warning", *flags]
     process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -25,6 +25,7 @@ from layerserve.logs import JsonFormatter
 from layerserve.settings import Settings
 from tests.conftest import _save, build_mlp
 from tests.live_server import LiveServer, free_port, start_server
+from tests.test_text import english_reviews
 
 ADMIN, API = "admin-secret-token", "api-secret-token"
 
@@ -169,9 +170,35 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
             r'^layerserve_requests_total\{model="mlp",route="v2.infer",status="200",version="1"\} (\S+)$', text, re.M
         )
         assert served and float(served[0]) == 40  # summed over both workers
+        _jobs_are_shared_by_workers(url)
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
+
+
+def _jobs_are_shared_by_workers(url: str) -> None:
+    """A job started through one worker is seen, and cancelled, through any (new connections each time)."""
+    texts, labels = english_reviews(1000)
+    body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 500}}
+    with httpx.Client() as client:
+        job_id = client.post(f"{url}/v2/models/reviews/train", json=body).json()["job_id"]
+    deadline = time.monotonic() + 120
+    states = []
+    while time.monotonic() < deadline and "running" not in states:
+        with httpx.Client() as client:
+            answer = client.get(f"{url}/v2/jobs/{job_id}")
+        assert answer.status_code == 200, answer.text
+        states.append(answer.json()["state"])
+        time.sleep(0.2)
+    for _ in range(4):  # whichever worker takes the cancel, the job ends cancelled
+        with httpx.Client() as client:
+            job = client.post(f"{url}/v2/jobs/{job_id}/cancel", timeout=60).json()
+        if job["state"] == "cancelled":
+            break
+    assert job["state"] == "cancelled" and job["model_version"] is None, job
+    with httpx.Client() as client:
+        listed = client.get(f"{url}/v2/jobs").json()["jobs"]
+    assert [(j["id"], j["state"]) for j in listed] == [(job_id, "cancelled")]
 
 
 def _slow_model(folder: Path) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import sqlite3
@@ -60,6 +61,8 @@ class Job:
     history: list[dict[str, Any]] = field(default_factory=list)
     version: int | None = None
     error: str = ""
+    owner: int = field(default_factory=os.getpid)  # the server process that runs it
+    pid: int | None = None  # its training process, while it runs
 
     @property
     def is_finished(self) -> bool:
@@ -87,41 +90,69 @@ class Job:
 
 _COLUMNS = (
     "id", "model", "params", "apply", "rows", "state", "created_at", "started_at", "finished_at", "progress",
-    "history", "version", "error",
+    "history", "version", "error", "owner", "pid",
 )  # fmt: skip
 _JSON_COLUMNS = {"params", "progress", "history"}
 
 
 class JobStore:
-    """Job records in one SQLite file; every change is committed at once."""
+    """Job records in one SQLite file, shared by the server's worker processes; every change is committed at
+    once. A cancel request is a column of its own, which saving a record never overwrites."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
         self._lock = threading.Lock()
         with self._lock:
             self._connection.execute(
                 "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, model TEXT, params TEXT, apply INTEGER, "
                 "rows INTEGER, state TEXT, created_at REAL, started_at REAL, finished_at REAL, progress TEXT, "
-                "history TEXT, version INTEGER, error TEXT)"
+                "history TEXT, version INTEGER, error TEXT, owner INTEGER, pid INTEGER, "
+                "cancel_requested INTEGER DEFAULT 0)"
             )
 
     def save(self, job: Job) -> None:
-        """Insert or replace the record."""
+        """Insert or update the record."""
         values = [
             json.dumps(getattr(job, c), ensure_ascii=False) if c in _JSON_COLUMNS else getattr(job, c) for c in _COLUMNS
         ]
         values[_COLUMNS.index("state")] = job.state.value
+        updates = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS[1:])
         with self._lock:
             self._connection.execute(
-                f"INSERT OR REPLACE INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
+                f"ON CONFLICT(id) DO UPDATE SET {updates}",
                 values,
             )
 
     def all(self) -> list[Job]:
         """Every job, oldest first."""
+        return self._select("ORDER BY created_at", ())
+
+    def get(self, job_id: str) -> Job | None:
+        """One job, or None."""
+        found = self._select("WHERE id = ?", (job_id,))
+        return found[0] if found else None
+
+    def request_cancel(self, job_id: str, mark_cancelled: bool) -> None:
+        """Ask the job's owner to cancel it; `mark_cancelled` also records it cancelled (a queued job)."""
         with self._lock:
-            rows = self._connection.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY created_at").fetchall()
+            self._connection.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+            if mark_cancelled:
+                self._connection.execute(
+                    "UPDATE jobs SET state = ?, error = ?, finished_at = ? WHERE id = ?",
+                    (JobState.CANCELLED.value, "cancelled while queued", time.time(), job_id),
+                )
+
+    def is_cancel_requested(self, job_id: str) -> bool:
+        """Whether any server process asked to cancel the job."""
+        with self._lock:
+            row = self._connection.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return bool(row and row[0])
+
+    def _select(self, where: str, parameters: tuple[object, ...]) -> list[Job]:
+        with self._lock:
+            rows = self._connection.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {where}", parameters).fetchall()
         jobs = []
         for row in rows:
             data = {c: json.loads(v) if c in _JSON_COLUMNS else v for c, v in zip(_COLUMNS, row, strict=True)}
@@ -147,29 +178,29 @@ class JobRunner:
         self._repository = repository
         self._on_version = on_version
         self._store = JobStore(jobs_dir / "jobs.sqlite3")
-        self._jobs = {job.id: job for job in self._store.all()}
+        self._jobs: dict[str, Job] = {}  # this process's own jobs
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._processes: dict[str, asyncio.subprocess.Process] = {}
-        for job in self._jobs.values():
-            if not job.is_finished:  # the server stopped while it waited or ran
+        for job in self._store.all():
+            if not job.is_finished and not _is_alive(job.owner):  # its server process stopped meanwhile
                 self._finish(job, JobState.FAILED, f"interrupted: the server stopped while the job was {job.state}")
                 self._remove_leftovers(job)
 
     def jobs(self) -> list[Job]:
-        """Every job, oldest first."""
-        return sorted(self._jobs.values(), key=lambda job: job.created_at)
+        """Every job of every worker, oldest first."""
+        return self._store.all()
 
     def get(self, job_id: str) -> Job:
-        """A job by id.
+        """A job by id (this worker's, or another's from the shared records).
 
         Raises:
             NotFoundError: no such job.
         """
-        try:
-            return self._jobs[job_id]
-        except KeyError:
-            raise NotFoundError(f"no job {job_id!r}; GET /v2/jobs lists them") from None
+        job = self._jobs.get(job_id) or self._store.get(job_id)
+        if job is None:
+            raise NotFoundError(f"no job {job_id!r}; GET /v2/jobs lists them")
+        return job
 
     def submit(self, model: str, texts: list[str], labels: list[str], params: TextTrainingParams, apply: bool) -> Job:
         """Record a job, write its data, and queue it behind the model's other jobs."""
@@ -195,6 +226,8 @@ class JobRunner:
         job = self.get(job_id)
         if job.is_finished:
             return job
+        if job_id not in self._jobs:
+            return await self._cancel_elsewhere(job)
         process, task = self._processes.get(job_id), self._tasks.get(job_id)
         if process is None:
             self._finish(job, JobState.CANCELLED, "cancelled while queued")
@@ -207,6 +240,21 @@ class JobRunner:
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
         return job
+
+    async def _cancel_elsewhere(self, job: Job) -> Job:
+        """Cancel a job another worker process owns: through the shared records, and a signal to its
+        training process; its owner records the end."""
+        self._store.request_cancel(job.id, mark_cancelled=job.state == JobState.QUEUED)
+        if job.state == JobState.RUNNING and job.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(job.pid, signal.SIGTERM)
+        deadline = time.monotonic() + _TERMINATE_GRACE_S * 2
+        while time.monotonic() < deadline:
+            current = self._store.get(job.id)
+            if current is None or current.is_finished:
+                return current or job
+            await asyncio.sleep(0.1)
+        return self.get(job.id)
 
     async def close(self) -> None:
         """Stop every job: running ones are terminated, and all are recorded as cancelled."""
@@ -229,6 +277,8 @@ class JobRunner:
         lock = self._locks.setdefault(job.model, asyncio.Lock())
         try:
             async with lock:
+                if not job.is_finished and self._store.is_cancel_requested(job.id):
+                    self._finish(job, JobState.CANCELLED, "cancelled while queued")
                 if job.is_finished:
                     return
                 await self._execute(job)
@@ -248,6 +298,8 @@ class JobRunner:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         self._processes[job.id] = process
+        job.pid = process.pid
+        self._store.save(job)
         assert process.stdout is not None and process.stderr is not None
         stderr = asyncio.create_task(process.stderr.read())
         reported_error = ""
@@ -266,11 +318,12 @@ class JobRunner:
             code = await process.wait()
         finally:
             self._processes.pop(job.id, None)
+            job.pid = None
         errors = (await stderr).decode("utf-8", "replace")
         if job.version is not None:
             await self._serve(job)
-        elif job.error.startswith("cancelled"):
-            self._finish(job, JobState.CANCELLED, job.error)
+        elif job.error.startswith("cancelled") or self._store.is_cancel_requested(job.id):
+            self._finish(job, JobState.CANCELLED, job.error or "cancelled while running")
         else:
             why = reported_error or _crash_reason(code, errors)
             self._finish(job, JobState.FAILED, why)
@@ -299,6 +352,19 @@ class JobRunner:
             for staging in parent.glob(f".staging-{job.id}-*") if parent.is_dir() else ():
                 shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(self._dir / job.id, ignore_errors=True)
+
+
+def _is_alive(pid: int | None) -> bool:
+    """Whether a process of this id runs (on this machine)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _parse_line(line: bytes) -> dict[str, Any]:
