@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from layerserve.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 from layerserve.images import IMAGE_MEDIA_TYPES
+from layerserve.protocols.v2 import load_json_object
 
 _MAX_FORM_FILES = 256
 NPY_MEDIA_TYPE = "application/x-npy"
@@ -119,11 +120,8 @@ async def read_texts(request: Request, limit: int) -> list[str]:
         BadRequestError: not that shape.
         PayloadTooLargeError: the body exceeds the limit.
     """
-    try:
-        body = orjson.loads(await read_body(request, limit))
-    except orjson.JSONDecodeError as error:
-        raise BadRequestError(f"the request body is not valid JSON: {error}") from None
-    texts = body.get("texts") if isinstance(body, dict) else None
+    body = load_json_object(await read_body(request, limit), "the request body")
+    texts = body.get("texts")
     if (
         not isinstance(texts, list)
         or not texts

@@ -67,16 +67,35 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return body[:length], body[length:]
 
 
+MAX_JSON_DEPTH = 100
+
+
+def _json_depth(value: Any) -> int:
+    """How deeply lists and objects nest in a parsed JSON value."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    return deepest
+
+
 def load_json_object(raw: bytes, what: str) -> dict[str, Any]:
-    """Parse a JSON object.
+    """Parse a JSON object nested at most MAX_JSON_DEPTH deep.
 
     Raises:
-        BadRequestError: invalid JSON, or not an object.
+        BadRequestError: invalid JSON, nested too deep, or not an object.
     """
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
+        if "recursion" in str(error).lower():
+            raise BadRequestError(f"{what} nests JSON too deep (more than {MAX_JSON_DEPTH} levels)") from None
         raise BadRequestError(f"{what} is not valid JSON: {error}") from None
+    # Fewer brackets than the limit cannot nest past it; only bodies with many are walked.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _json_depth(value) > MAX_JSON_DEPTH:
+        raise BadRequestError(f"{what} nests JSON too deep (more than {MAX_JSON_DEPTH} levels)")
     if not isinstance(value, dict):
         raise BadRequestError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value

@@ -1,0 +1,117 @@
+"""Hostile input: every case gets a clear 4xx (never a 500), and the server stays live afterwards."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import httpx
+import pytest
+
+from tests.live_server import LiveServer
+
+X = {"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}
+
+
+def _binary(header: dict[str, object], data: bytes) -> tuple[bytes, dict[str, str]]:
+    raw = json.dumps(header).encode()
+    return raw + data, {"Inference-Header-Content-Length": str(len(raw)), "Content-Type": "application/octet-stream"}
+
+
+JSON_CASES = [
+    ("shape product beyond 2^63", {"inputs": [{**X, "shape": [2**32, 2**32, 4]}]}, "shape"),
+    ("dimension beyond int64", {"inputs": [{**X, "shape": [2**70, 10]}]}, "shape"),
+    ("negative dimension", {"inputs": [{**X, "shape": [-1, 10]}]}, "shape"),
+    ("non-integer dimension", {"inputs": [{**X, "shape": [1.5, 10]}]}, "shape"),
+    ("string dimension", {"inputs": [{**X, "shape": ["1", 10]}]}, "shape"),
+    ("boolean dimension", {"inputs": [{**X, "shape": [True, 10]}]}, "shape"),
+    ("data shorter than the shape", {"inputs": [{**X, "data": [0.5] * 9}]}, "elements"),
+    ("data longer than the shape", {"inputs": [{**X, "data": [0.5] * 11}]}, "elements"),
+    ("wrong datatype for the data", {"inputs": [{**X, "datatype": "INT32"}]}, "datatype"),
+    ("unknown datatype", {"inputs": [{**X, "datatype": "FP128"}]}, "datatype"),
+    ("strings for floats", {"inputs": [{**X, "data": ["a"] * 10}]}, "FP32"),
+    ("nested data of two shapes", {"inputs": [{**X, "data": [[0.5] * 5, [0.5] * 4]}]}, "x"),
+    ("duplicate input names", {"inputs": [X, X]}, "twice"),
+    ("duplicate output names", {"inputs": [X], "outputs": [{"name": "probs"}, {"name": "probs"}]}, "unique"),
+    ("inputs not a list", {"inputs": {"x": 1}}, "inputs"),
+    ("an input without a name", {"inputs": [{"shape": [1, 10], "datatype": "FP32", "data": [0] * 10}]}, "name"),
+    ("parameters not an object", {"inputs": [{**X, "parameters": [1]}]}, "parameters"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "mentions"), JSON_CASES, ids=[c[0] for c in JSON_CASES])
+def test_bad_json_requests(server: LiveServer, case: str, body: dict[str, object], mentions: str) -> None:
+    response = httpx.post(f"{server.url}/v2/models/mlp/infer", json=body)
+    assert response.status_code == 400, (case, response.text)
+    assert mentions.lower() in response.json()["error"].lower(), (case, response.json())
+    assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
+
+
+def test_json_nested_deeper_than_100(server: LiveServer) -> None:
+    deep = "[" * 200 + "0" + "]" * 200
+    raw = '{"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": ' + deep + "}]}"
+    response = httpx.post(f"{server.url}/v2/models/mlp/infer", content=raw.encode())
+    assert response.status_code == 400 and "deep" in response.json()["error"]
+    assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
+
+
+BINARY_CASES = [
+    ("header length larger than the body", "99999", b"{}", "larger than the body"),
+    ("negative header length", "-5", b"{}", "Inference-Header-Content-Length"),
+    ("non-numeric header length", "abc", b"{}", "Inference-Header-Content-Length"),
+]
+
+
+@pytest.mark.parametrize(("case", "length", "body", "mentions"), BINARY_CASES, ids=[c[0] for c in BINARY_CASES])
+def test_bad_binary_headers(server: LiveServer, case: str, length: str, body: bytes, mentions: str) -> None:
+    headers = {"Inference-Header-Content-Length": length}
+    response = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body, headers=headers)
+    assert response.status_code == 400, (case, response.text)
+    assert mentions in response.json()["error"], (case, response.json())
+    assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
+
+
+def test_binary_sizes_that_disagree(server: LiveServer) -> None:
+    url = f"{server.url}/v2/models/mlp/infer"
+    cases = [
+        ({"inputs": [{**X, "data": None, "parameters": {"binary_data_size": 36}}]}, b"\0" * 36, "does not match"),
+        ({"inputs": [{**X, "data": None, "parameters": {"binary_data_size": 40}}]}, b"\0" * 20, "runs past"),
+        ({"inputs": [{**X, "data": None, "parameters": {"binary_data_size": -4}}]}, b"\0" * 40, "binary_data_size"),
+        ({"inputs": [{**X, "data": None, "parameters": {"binary_data_size": "40"}}]}, b"\0" * 40, "binary_data_size"),
+    ]
+    for header, data, mentions in cases:
+        header["inputs"][0].pop("data")  # type: ignore[index, union-attr]
+        body, headers = _binary(header, data)
+        response = httpx.post(url, content=body, headers=headers)
+        assert response.status_code == 400 and mentions in response.json()["error"], response.text
+    assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
+
+
+def test_bytes_length_prefix_past_the_buffer(server: LiveServer) -> None:
+    header = {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": 12}}]}
+    data = struct.pack("<I", 3) + b"abc" + struct.pack("<I", 1000) + b"x"
+    body, headers = _binary(header, data)
+    response = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body, headers=headers)
+    assert 400 <= response.status_code < 500, response.text
+    assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
+
+
+@pytest.mark.parametrize("version", ["9", "0", "-1", "x", "1.5", "99999999999999999999999"])
+def test_unknown_and_malformed_versions(server: LiveServer, version: str) -> None:
+    response = httpx.post(f"{server.url}/v2/models/mlp/versions/{version}/infer", json={"inputs": [X]})
+    assert response.status_code in (400, 404), response.text
+    assert "version" in response.json()["error"]
+
+
+@pytest.mark.parametrize("name", ["..", "a%2Fb", "a%00b", "%2e%2e", ".hidden", "a\\b"])
+@pytest.mark.parametrize(
+    "route", ["/v2/repository/models/{m}/load", "/v2/repository/models/{m}/unload", "/v2/models/{m}/versions/1/apply",
+              "/v2/models/{m}/train"],
+)  # fmt: skip
+def test_hostile_model_names_in_management_routes(server: LiveServer, name: str, route: str) -> None:
+    response = httpx.post(
+        f"{server.url}{route.format(m=name)}", json={"dataset": {"texts": ["a", "b"], "labels": ["x", "y"]}}
+    )
+    assert 400 <= response.status_code < 500, (name, route, response.status_code, response.text)
+    assert "error" in response.json()
+    assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
