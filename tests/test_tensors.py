@@ -59,3 +59,14 @@ def test_shapes() -> None:
         check_against_spec(spec, "FP32", (0, 3))
     with pytest.raises(BadRequestError, match="needs 6 elements, data has 5"):
         reshape_checked(np.zeros(5), (2, 3), "x")
+
+
+def test_uint64_past_int64_and_integers_past_64_bits() -> None:
+    big = array_from_json([0, 2**63, 2**64 - 1], np.dtype(np.uint64), "input 'x'")
+    assert big.dtype == np.uint64 and big.tolist() == [0, 2**63, 2**64 - 1]
+    with pytest.raises(BadRequestError, match="out of range for UINT64"):
+        array_from_json([0, 2**64], np.dtype(np.uint64), "input 'x'")
+    with pytest.raises(BadRequestError, match="out of range for INT64"):
+        array_from_json([1, 2**63], np.dtype(np.int64), "input 'x'")
+    with pytest.raises(BadRequestError, match="expected integers for UINT64"):
+        array_from_json([2**63, 1.5], np.dtype(np.uint64), "input 'x'")

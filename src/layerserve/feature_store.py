@@ -113,6 +113,6 @@ def _place(pointer: bytes | None, version: int | None, layer: str | None) -> tup
     if pointer is None:
         return None
     stored_version, _, stored_layer = pointer.decode("utf-8", "replace").partition("/")
-    if not stored_version.isdigit():
+    if not (stored_version.isascii() and stored_version.isdigit()):
         return None
     return (version or int(stored_version), layer or stored_layer)

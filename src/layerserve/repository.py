@@ -44,7 +44,7 @@ def _version_folders(model_dir: Path) -> dict[int, Path]:
     for child in sorted(model_dir.iterdir()):
         if not child.is_dir() or child.name.startswith("."):
             continue
-        if child.name.isdigit() and int(child.name) > 0:
+        if (child.name.isascii() and child.name.isdigit()) and int(child.name) > 0:
             versions[int(child.name)] = child
         else:
             log.info("ignoring %s: version folders are positive integers", child)
@@ -113,7 +113,7 @@ def read_pin(model_dir: Path) -> int | None:
     except OSError as error:
         log.error("model %s: cannot read %s: %s", model_dir.name, PIN_FILE, error)
         return None
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         log.error("model %s: ignoring %s holding %r", model_dir.name, PIN_FILE, text[:40])
         return None
     return int(text)

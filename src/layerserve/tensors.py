@@ -145,7 +145,7 @@ def array_from_json(data: Any, dtype: np.dtype[Any], what: str) -> Array:
     if dtype.kind == "b" and kind != "b":
         raise BadRequestError(f"{what}: expected true/false values for BOOL, got {values.dtype.name} data")
     if dtype.kind in "iu" and kind not in "iu":
-        raise BadRequestError(f"{what}: expected integers for {datatype_of(dtype)}, got {_kind_name(kind)}")
+        return _big_integers(data, dtype, kind, what)
     if dtype.kind == "f" and kind not in "fiu":
         raise BadRequestError(f"{what}: expected numbers for {datatype_of(dtype)}, got {_kind_name(kind)}")
     if dtype.kind in "iu":
@@ -153,6 +153,22 @@ def array_from_json(data: Any, dtype: np.dtype[Any], what: str) -> Array:
         if values.min() < info.min or values.max() > info.max:
             raise BadRequestError(f"{what}: values out of range for {datatype_of(dtype)}")
     return values.astype(dtype)
+
+
+def _big_integers(data: Any, dtype: np.dtype[Any], kind: str, what: str) -> Array:
+    """Integers numpy could not hold in one integer dtype (UINT64 values past 2^63 beside small ones, or
+    values past 2^64), checked one by one.
+
+    Raises:
+        BadRequestError: a value that is not an integer, or out of the datatype's range.
+    """
+    values = np.asarray(data, dtype=object).reshape(-1)
+    if not all(type(value) is int for value in values):
+        raise BadRequestError(f"{what}: expected integers for {datatype_of(dtype)}, got {_kind_name(kind)}")
+    info = np.iinfo(dtype)
+    if not all(info.min <= value <= info.max for value in values):
+        raise BadRequestError(f"{what}: values out of range for {datatype_of(dtype)}")
+    return np.array(values.tolist(), dtype=dtype)
 
 
 def _kind_name(kind: str) -> str:

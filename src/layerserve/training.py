@@ -182,7 +182,7 @@ def write_version(model_dir: Path, trained: TrainedText, params: TextTrainingPar
             (staging / "config.yaml").write_text(NEW_MODEL_CONFIG, encoding="utf-8")
             staging.rename(model_dir)
             return 1
-        numbers = [int(p.name) for p in model_dir.iterdir() if p.name.isdigit()]
+        numbers = [int(p.name) for p in model_dir.iterdir() if p.name.isascii() and p.name.isdigit()]
         number = max(numbers, default=0) + 1
         staging.rename(model_dir / str(number))
         return number

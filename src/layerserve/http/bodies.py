@@ -28,7 +28,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     """
     announced = request.headers.get("content-length")
     if announced is not None:
-        if not announced.isdigit():
+        if not (announced.isascii() and announced.isdigit()):
             raise BadRequestError(f"Content-Length must be an integer, got {announced!r}")
         if int(announced) > limit:
             raise PayloadTooLargeError(f"body of {announced} bytes is over the limit of {limit} bytes")

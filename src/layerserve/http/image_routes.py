@@ -35,7 +35,7 @@ def _query_int(request: Request, name: str, default: int | None) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise BadRequestError(f"query '{name}' must be a positive integer, got {raw!r}")
     return int(raw)
 

@@ -29,7 +29,7 @@ def parse_version(request: Request) -> int | None:
     raw = request.path_params.get("version")
     if raw is None:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise BadRequestError(f"version must be a positive integer, got {raw!r}")
     return int(raw)
 

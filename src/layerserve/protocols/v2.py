@@ -59,7 +59,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """
     if header_length is None:
         return body, b""
-    if not header_length.strip().isdigit():
+    if not (header_length.strip().isascii() and header_length.strip().isdigit()):
         raise BadRequestError(f"Inference-Header-Content-Length must be a non-negative integer, got {header_length!r}")
     length = int(header_length)
     if length > len(body):

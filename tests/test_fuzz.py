@@ -1,0 +1,141 @@
+"""Fuzzing: schemathesis over every route of /openapi.json against a live server (no 5xx but 503), and
+hypothesis round trips of the V2 tensor codecs, JSON and binary, for every datatype and random shapes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from starlette.routing import Route
+
+from layerserve.http.openapi import document
+from layerserve.layers import LayerGraph
+from layerserve.model import Signature
+from layerserve.protocols.v2 import encode_infer_response, parse_infer_request
+from layerserve.settings import Settings
+from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
+from tests.conftest import _save, build_mlp
+from tests.live_server import LiveServer, start_server
+
+SCHEMA = schemathesis.openapi.from_dict(document())
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server of its own: fuzzed management routes must not disturb the other tests' repository."""
+    root = tmp_path_factory.mktemp("fuzz")
+    _save(build_mlp(1), root / "repo" / "mlp" / "1", "model.keras")
+    live = start_server(Settings(model_repository=root / "repo", engine_cache_dir=root / "cache", reload_interval_s=0))
+    yield live
+    live.stop()
+
+
+def test_openapi_lists_every_route(fuzz_server: LiveServer) -> None:
+    from layerserve import create_app
+
+    documented = set(document()["paths"])
+    app = create_app(Settings(model_repository=Path("/nonexistent")))
+    routes = {route.path for route in app.routes if isinstance(route, Route)}
+    assert routes == documented
+    served = httpx.get(f"{fuzz_server.url}/openapi.json").json()
+    assert served["openapi"].startswith("3.") and set(served["paths"]) == documented
+    assert "swagger-ui" in httpx.get(f"{fuzz_server.url}/docs").text
+
+
+@SCHEMA.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_no_server_errors(case: Any, fuzz_server: LiveServer) -> None:
+    parameters = case.path_parameters or {}
+    # Half the cases aim at the real model (and version), so that the fuzzed bodies reach its parsers.
+    if len(str(parameters.get("model", ""))) % 2 == 0 and "model" in parameters:
+        parameters["model"] = "mlp"
+        if "version" in parameters and len(str(parameters["version"])) % 2 == 0:
+            parameters["version"] = "1"
+    response = case.call(base_url=fuzz_server.url, timeout=60)
+    assert response.status_code < 500 or response.status_code == 503, (
+        f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
+    )
+    if response.status_code >= 400:
+        assert "error" in response.json(), response.text[:500]
+
+
+# --- Codec round trips ----------------------------------------------------------------------------------
+
+# A batch of at least one row (the server's rule), then up to 3 dimensions that may be empty.
+_SHAPES = st.tuples(st.integers(1, 5), st.lists(st.integers(0, 5), max_size=3)).map(lambda t: (t[0], *t[1]))
+
+
+def _graph(datatype: str, shape: tuple[int, ...]) -> LayerGraph:
+    spec = TensorSpec("t", datatype, (-1, *shape[1:]))
+    return LayerGraph(Signature((spec,), (spec,)))
+
+
+def _arrays(datatype: str) -> st.SearchStrategy[np.ndarray]:
+    if datatype == "BYTES":
+        return _SHAPES.flatmap(
+            lambda shape: st.lists(st.binary(max_size=8), min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))
+            .map(lambda items, shape=shape: np.array([*items, b""], dtype=object)[:-1].reshape(shape))
+        )  # fmt: skip
+    dtype = DATATYPE_TO_DTYPE[datatype]
+    elements = hnp.from_dtype(dtype, allow_nan=False, allow_infinity=False) if dtype.kind == "f" else None
+    return hnp.arrays(dtype, _SHAPES, elements=elements)
+
+
+def _round_trip(array: np.ndarray, datatype: str, binary: bool) -> np.ndarray:
+    graph = _graph(datatype, array.shape)
+    shape = list(array.shape)
+    if binary:
+        from layerserve.protocols.v2 import _encode_bytes_elements
+
+        raw = (
+            _encode_bytes_elements(array)
+            if datatype == "BYTES"
+            else array.astype(array.dtype.newbyteorder("<")).tobytes()
+        )
+        header = orjson.dumps({"inputs": [{"name": "t", "shape": shape, "datatype": datatype,
+                                           "parameters": {"binary_data_size": len(raw)}}]})  # fmt: skip
+        request = parse_infer_request(header + raw, str(len(header)), graph)
+    else:
+        data = [e.decode("utf-8") for e in array.reshape(-1)] if datatype == "BYTES" else array.reshape(-1).tolist()
+        body = orjson.dumps({"inputs": [{"name": "t", "shape": shape, "datatype": datatype, "data": data}]})
+        request = parse_infer_request(body, None, graph)
+    decoded = request.inputs["t"]
+    body, header_length = encode_infer_response("m", 1, request, {"t": decoded})
+    answer = json.loads(body[: header_length or len(body)])
+    assert answer["outputs"][0]["shape"] == shape and answer["outputs"][0]["datatype"] == datatype
+    return decoded
+
+
+@pytest.mark.parametrize("datatype", [d for d in DATATYPE_TO_DTYPE if d != "BYTES"])
+@pytest.mark.parametrize("binary", [False, True])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_numeric_round_trips(datatype: str, binary: bool, data: st.DataObject) -> None:
+    array = data.draw(_arrays(datatype))
+    decoded = _round_trip(array, datatype, binary)
+    assert decoded.dtype == array.dtype and decoded.shape == array.shape
+    np.testing.assert_array_equal(decoded, array)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_bytes_round_trips(binary: bool, data: st.DataObject) -> None:
+    array = data.draw(_arrays("BYTES"))
+    if not binary:  # JSON carries text: strings of code points, here one per byte
+        array = (
+            np.vectorize(lambda b: b.decode("latin-1").encode("utf-8"), otypes=[object])(array) if array.size else array
+        )
+    decoded = _round_trip(array, "BYTES", binary)
+    assert decoded.shape == array.shape
+    assert [bytes(e) for e in decoded.reshape(-1)] == [bytes(e) for e in array.reshape(-1)]
