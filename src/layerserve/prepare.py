@@ -33,6 +33,12 @@ _NICENESS = 10
 T = TypeVar("T")
 
 
+class ModelFileChangedError(ModelLoadError):
+    """The model file of a serving version is gone or was rewritten: what needs it waits for the reload (503)."""
+
+    status_code = 503
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """A version's model file, its hash when the version was loaded, and whether it may hold code."""
@@ -45,10 +51,18 @@ class ModelSource:
         """The Keras model, if the file still has the digest it had when the version was loaded.
 
         Raises:
-            ModelLoadError: the file changed since (its new content loads as a new version) or cannot load.
+            ModelFileChangedError: the file is gone, or changed since (its new content loads as a new version).
+            ModelLoadError: the file cannot load.
         """
-        if file_digest(self.path) != self.digest:
-            raise ModelLoadError(f"{self.path} changed since this version was loaded; it is being reloaded")
+        try:
+            unchanged = file_digest(self.path) == self.digest
+        except OSError as error:
+            raise ModelFileChangedError(
+                f"{self.path} is gone ({error.strerror}); this version serves its own outputs only until the "
+                "repository is fixed"
+            ) from None
+        if not unchanged:
+            raise ModelFileChangedError(f"{self.path} changed since this version was loaded; it is being reloaded")
         return load_model(self.path, trust=self.trust)
 
 

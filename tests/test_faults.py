@@ -1,0 +1,103 @@
+"""Faults degrade one thing, loudly: a model file deleted while serving, an unwritable repository for apply
+and training, and no unpickling anywhere but the demo's restricted converter."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from layerserve.settings import Settings
+from layerserve.training import TextTrainingParams, train_text_classifier, write_version
+from tests.conftest import _save, build_mlp
+from tests.live_server import start_server
+from tests.test_text import english_reviews
+
+X = {"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}
+
+
+def test_model_file_deleted_while_serving(tmp_path: Path) -> None:
+    _save(build_mlp(1), tmp_path / "repo" / "mlp" / "1", "model.keras")
+    settings = Settings(model_repository=tmp_path / "repo", engine_cache_dir=tmp_path / "cache", reload_interval_s=0.2)
+    live = start_server(settings)
+    try:
+        url = f"{live.url}/v2/models/mlp/infer"
+        before = httpx.post(url, json={"inputs": [X]}).json()["outputs"][0]["data"]
+        (tmp_path / "repo" / "mlp" / "1" / "model.keras").unlink()
+        layer = httpx.post(url, json={"inputs": [X], "outputs": [{"name": "hidden"}]})
+        assert layer.status_code == 503 and "is gone" in layer.json()["error"]  # the cut needs the file
+        time.sleep(1.0)  # a few polls: the reload of the changed folder fails, the loaded version stays
+        after = httpx.post(url, json={"inputs": [X]})
+        assert after.status_code == 200 and after.json()["outputs"][0]["data"] == before
+        index = httpx.post(f"{live.url}/v2/repository/index").json()
+        assert index[0]["state"] == "READY" and "reload failed" in index[0]["reason"]
+        assert "holds no model file" in index[0]["reason"]
+    finally:
+        live.stop()
+
+
+@contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """Make `folder` unwritable for the server: a read-only tmpfs holding its files when running as root
+    (permissions do not bind root), else permissions."""
+    if os.geteuid() != 0:
+        paths = [folder, *folder.rglob("*")]
+        for path in paths:
+            path.chmod(path.stat().st_mode & 0o555)
+        try:
+            yield
+        finally:
+            for path in paths:
+                path.chmod(path.stat().st_mode | 0o200)
+        return
+    staged = folder.with_name(folder.name + ".files")
+    folder.rename(staged)
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)], check=True)
+    try:
+        shutil.copytree(staged, folder, dirs_exist_ok=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_unwritable_repository_fails_apply_and_training_cleanly(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    texts, labels = english_reviews(300)
+    params = TextTrainingParams(epochs=1)
+    write_version(repo / "reviews", train_text_classifier(texts, labels, params), params)
+    with read_only(repo):
+        settings = Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache", jobs_dir=tmp_path / "jobs")
+        live = start_server(settings)
+        try:
+            url = live.url
+            apply = httpx.post(f"{url}/v2/models/reviews/versions/1/apply")
+            assert apply.status_code == 503 and "cannot" in apply.json()["error"].lower(), apply.text
+            body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 1}}
+            job_id = httpx.post(f"{url}/v2/models/reviews/train", json=body).json()["job_id"]
+            while (job := httpx.get(f"{url}/v2/jobs/{job_id}").json())["state"] in ("queued", "running"):
+                time.sleep(0.2)
+            assert job["state"] == "failed" and re.search("Read-only file system|Permission denied", job["error"]), job
+            assert sorted(p.name for p in (repo / "reviews").iterdir()) == ["1", "config.yaml"]  # nothing half-written
+            answer = httpx.post(f"{url}/v2/models/reviews/classify", json={"texts": ["a fine film"]})
+            assert answer.status_code == 200  # the server serves on
+        finally:
+            live.stop()
+
+
+def test_nothing_is_unpickled_but_the_demo_checkpoint() -> None:
+    source = Path(__file__).parent.parent / "src" / "layerserve"
+    for path in source.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "allow_pickle=True" not in text, path
+        if path.name != "torch_checkpoint.py":
+            assert not re.search(r"^\s*(import pickle|from pickle|import dill|import joblib)", text, re.M), path
+            assert "pickle.load" not in text and "np.load(" not in text, path
