@@ -256,3 +256,19 @@ def test_sigterm_turns_readiness_off_before_the_server_stops() -> None:
         assert draining.is_set() and calls == [signal.SIGTERM]  # then uvicorn's own handler runs
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_logs_go_to_stdout_or_a_file_as_json_lines(tmp_path: Path) -> None:
+    script = (
+        "import logging, sys; from pathlib import Path; from layerserve.logs import configure_logging; "
+        "configure_logging('info', 'json', Path(sys.argv[1]) if sys.argv[1] != 'none' else None); "
+        "logging.getLogger('layerserve.access').info('GET /x', extra={'status': 200}); "
+        "logging.getLogger('layerserve.x').debug('hidden')"
+    )
+    for target in ("-", str(tmp_path / "server.log"), "none"):
+        done = subprocess.run([sys.executable, "-c", script, target], capture_output=True, text=True, check=True)
+        written = {"-": done.stdout, "none": done.stderr}.get(target) or (tmp_path / "server.log").read_text()
+        lines = [json.loads(line) for line in written.splitlines() if line.startswith("{")]
+        assert [(line["logger"], line["message"], line["status"]) for line in lines] == [
+            ("layerserve.access", "GET /x", 200)
+        ], target

@@ -32,10 +32,13 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str, fmt: str = "text", file: Path | None = None) -> None:
-    """Send every log (layerserve's, uvicorn's, the access log) to one handler of this level and format."""
-    handler: logging.Handler = (
-        logging.FileHandler(file, encoding="utf-8") if file else logging.StreamHandler(sys.stderr)
-    )
+    """Send every log (layerserve's, uvicorn's, the access log) to one handler of this level and format:
+    standard error, standard output (`file` is `-`) or a file."""
+    handler: logging.Handler
+    if file is None or str(file) == "-":
+        handler = logging.StreamHandler(sys.stdout if file is not None else sys.stderr)
+    else:
+        handler = logging.FileHandler(file, encoding="utf-8")
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):

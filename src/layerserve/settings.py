@@ -100,7 +100,9 @@ class Settings(BaseModel):
     api_token: str | None = Field(None, description="Bearer token every route except health requires.")
     access_log: bool = Field(False, description="Log one line per request: route, model, version, status, latency.")
     log_format: Literal["text", "json"] = Field("text", description="text lines, or JSON lines.")
-    log_file: Path | None = Field(None, description="Append logs to this file (none: standard error).")
+    log_file: Path | None = Field(
+        None, description="Append logs to this file; `-`: standard output; none: standard error."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     gpu_devices: str | None = Field(
         None, description="GPUs this server may use, as CUDA_VISIBLE_DEVICES (e.g. 0,1; empty: none; none: all)."
