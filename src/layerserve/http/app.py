@@ -37,7 +37,8 @@ from layerserve.http import (
 from layerserve.http.bodies import JSONResponse
 from layerserve.http.middleware import AuthMiddleware, ObserveMiddleware
 from layerserve.images import ImageDecoder
-from layerserve.jobs import Job, JobRunner
+from layerserve.job_store import Job
+from layerserve.jobs import JobRunner
 from layerserve.logs import configure_logging
 from layerserve.metrics import sample_process
 from layerserve.registry import ModelRegistry
