@@ -101,3 +101,46 @@ def test_nothing_is_unpickled_but_the_demo_checkpoint() -> None:
         if path.name != "torch_checkpoint.py":
             assert not re.search(r"^\s*(import pickle|from pickle|import dill|import joblib)", text, re.M), path
             assert "pickle.load" not in text and "np.load(" not in text, path
+
+
+def test_job_records_of_an_older_layerserve_are_read_and_upgraded(tmp_path: Path) -> None:
+    import sqlite3
+
+    from layerserve.job_store import JobState, JobStore
+
+    old = sqlite3.connect(tmp_path / "jobs.sqlite3")
+    old.execute(
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY, model TEXT, params TEXT, apply INTEGER, rows INTEGER, state TEXT, "
+        "created_at REAL, started_at REAL, finished_at REAL, progress TEXT, history TEXT, version INTEGER, error TEXT)"
+    )
+    old.execute("INSERT INTO jobs VALUES ('a1', 'reviews', '{}', 0, 10, 'succeeded', 1.0, 2.0, 3.0, '{}', '[]', 4, '')")
+    old.commit()
+    old.close()
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    try:
+        (job,) = store.all()
+        assert (job.id, job.state, job.version, job.owner, job.pid) == ("a1", JobState.SUCCEEDED, 4, None, None)
+        store.request_cancel("a1", mark_cancelled=False)
+        store.save(job)  # a save leaves the cancel request alone
+        assert store.is_cancel_requested("a1") and store.get("a1") == job
+    finally:
+        store.close()
+
+
+def test_unusable_job_records_disable_training_only(tmp_path: Path) -> None:
+    _save(build_mlp(1), tmp_path / "repo" / "mlp" / "1", "model.keras")
+    (tmp_path / "not-a-folder").write_text("a file where the jobs folder should be")
+    settings = Settings(
+        model_repository=tmp_path / "repo", engine_cache_dir=tmp_path / "cache",
+        jobs_dir=tmp_path / "not-a-folder" / "jobs",
+    )  # fmt: skip
+    live = start_server(settings)
+    try:
+        assert httpx.post(f"{live.url}/v2/models/mlp/infer", json={"inputs": [X]}).status_code == 200
+        train = httpx.post(
+            f"{live.url}/v2/models/new/train", json={"dataset": {"texts": ["a", "b"], "labels": ["x", "y"]}}
+        )
+        assert train.status_code == 503 and "training jobs are unavailable" in train.json()["error"]
+        assert httpx.get(f"{live.url}/v2/jobs").status_code == 503
+    finally:
+        live.stop()

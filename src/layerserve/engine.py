@@ -9,6 +9,7 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -158,10 +159,8 @@ def max_difference(expected: list[Array], actual: list[Array]) -> float:
 
 def onnx_cache_path(cache_dir: Path, digest: str) -> Path:
     """Where the export of a model file with this digest is cached, per exporter version."""
-    import keras
-    import tf2onnx
-
-    tag = f"keras{keras.__version__}-tf2onnx{tf2onnx.__version__}"
+    # Versions from the package metadata: importing Keras would start TensorFlow in the server process.
+    tag = f"keras{metadata.version('keras')}-tf2onnx{metadata.version('tf2onnx')}"
     return cache_dir / f"{digest[:40]}-{tag}.onnx"
 
 

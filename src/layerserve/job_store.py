@@ -75,6 +75,11 @@ _COLUMNS = (
     "history", "version", "error", "owner", "pid",
 )  # fmt: skip
 _JSON_COLUMNS = {"params", "progress", "history"}
+_SCHEMA = {
+    "model": "TEXT", "params": "TEXT", "apply": "INTEGER", "rows": "INTEGER", "state": "TEXT", "created_at": "REAL",
+    "started_at": "REAL", "finished_at": "REAL", "progress": "TEXT", "history": "TEXT", "version": "INTEGER",
+    "error": "TEXT", "owner": "INTEGER", "pid": "INTEGER", "cancel_requested": "INTEGER DEFAULT 0",
+}  # fmt: skip
 
 
 class JobStore:
@@ -86,12 +91,11 @@ class JobStore:
         self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
         self._lock = threading.Lock()
         with self._lock:
-            self._connection.execute(
-                "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, model TEXT, params TEXT, apply INTEGER, "
-                "rows INTEGER, state TEXT, created_at REAL, started_at REAL, finished_at REAL, progress TEXT, "
-                "history TEXT, version INTEGER, error TEXT, owner INTEGER, pid INTEGER, "
-                "cancel_requested INTEGER DEFAULT 0)"
-            )
+            self._connection.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY)")
+            present = {row[1] for row in self._connection.execute("PRAGMA table_info(jobs)")}
+            for column, kind in _SCHEMA.items():  # adds what an older layerserve's table lacks
+                if column not in present:
+                    self._connection.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
 
     def save(self, job: Job) -> None:
         """Insert or update the record."""

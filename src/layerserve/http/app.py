@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import signal
+import sqlite3
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,7 @@ from layerserve.http.bodies import JSONResponse
 from layerserve.http.middleware import AuthMiddleware, ObserveMiddleware
 from layerserve.images import ImageDecoder
 from layerserve.job_store import Job
-from layerserve.jobs import JobRunner
+from layerserve.jobs import JobRunner, OnVersion
 from layerserve.logs import configure_logging
 from layerserve.metrics import sample_process
 from layerserve.registry import ModelRegistry
@@ -65,6 +66,17 @@ async def _http_error(request: Request, error: Exception) -> Response:
 async def _unexpected_error(request: Request, error: Exception) -> Response:
     log.exception("internal error on %s %s", request.method, request.url.path)
     return JSONResponse({"error": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
+
+
+def _open_jobs(settings: Settings, on_version: OnVersion) -> tuple[JobRunner | None, str]:
+    """The job runner, or None and why (fail-soft: serving goes on without training jobs)."""
+    try:
+        runner = JobRunner(settings.job_records_dir, settings.training_threads, settings.model_repository, on_version)
+    except (OSError, sqlite3.Error) as error:
+        reason = f"training jobs are unavailable: {settings.job_records_dir}: {error}"
+        log.error("%s", reason)
+        return None, reason
+    return runner, ""
 
 
 def _turn_unready_on_sigterm(draining: threading.Event) -> None:
@@ -132,13 +144,12 @@ def create_app(settings: Settings) -> Starlette:
         _turn_unready_on_sigterm(app.state.draining)
         syncing = asyncio.create_task(keep_in_sync())
         sampling = asyncio.create_task(_sample_process_forever())
-        app.state.jobs = JobRunner(
-            settings.job_records_dir, settings.training_threads, settings.model_repository, serve_new_version
-        )
+        app.state.jobs, app.state.jobs_error = _open_jobs(settings, serve_new_version)
         try:
             yield
         finally:
-            await app.state.jobs.close()
+            if app.state.jobs is not None:
+                await app.state.jobs.close()
             syncing.cancel()
             sampling.cancel()
             await asyncio.gather(syncing, sampling, return_exceptions=True)

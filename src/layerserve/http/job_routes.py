@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from layerserve.datasets import format_of, parse_dataset, resolve_data_path
-from layerserve.errors import BadRequestError
+from layerserve.errors import BadRequestError, NotReadyError
 from layerserve.http.bodies import JSONResponse, parse_form, read_body
 from layerserve.jobs import JobRunner
 from layerserve.protocols.v2 import load_json_object
@@ -24,7 +24,14 @@ _DATASET_KEYS = {"texts", "labels", "path", "format", "text_column", "label_colu
 
 
 def _runner(request: Request) -> JobRunner:
-    runner: JobRunner = request.app.state.jobs
+    """The job runner.
+
+    Raises:
+        NotReadyError: its records could not be opened at start-up (503 with the reason).
+    """
+    runner: JobRunner | None = request.app.state.jobs
+    if runner is None:
+        raise NotReadyError(request.app.state.jobs_error)
     return runner
 
 
