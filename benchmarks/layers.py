@@ -55,7 +55,7 @@ def main() -> None:
     rows = []
     with demo_server(args.port) as (url, _), multiprocessing.get_context("spawn").Pool(1) as pool:
         for output in ("", args.layer, args.feature):
-            workload = build_workload(url, args.model, "tensor", 1, None, (output,) if output else ())
+            workload = build_workload(url, args.model, "tensor", 1, None, (output,) if output else (), use_cache=False)
             first_s = _first_request_s(url, workload)
             onnx_s = _onnx_ready_s(url, args.model, output) if output else 0.0
             rows.append(
