@@ -272,3 +272,13 @@ def test_logs_go_to_stdout_or_a_file_as_json_lines(tmp_path: Path) -> None:
         assert [(line["logger"], line["message"], line["status"]) for line in lines] == [
             ("layerserve.access", "GET /x", 200)
         ], target
+
+
+def test_gpu_memory_is_read_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerserve.metrics import gpu_memory
+
+    fake = tmp_path / "nvidia-smi"  # prints what the real tool prints for these flags, on two GPUs
+    fake.write_text("#!/bin/sh\nprintf '0, 1024, 81920\\n1, 0, 81920\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert gpu_memory() == [("0", 1024 << 20, 81920 << 20), ("1", 0, 81920 << 20)]

@@ -121,13 +121,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from layerserve.datasets import format_of, parse_dataset
     from layerserve.reloader import check_model_name
     from layerserve.repository import write_pin
-    from layerserve.settings import describe_validation_error
     from layerserve.training import (
         TextTrainingParams,
         check_dataset,
@@ -145,10 +143,7 @@ def _train(args: argparse.Namespace) -> int:
     model_dir = args.repository / args.model
     check_text_model(model_dir)
     given = {name: getattr(args, name) for name in TextTrainingParams.model_fields if getattr(args, name) is not None}
-    try:
-        params = TextTrainingParams.model_validate(given)
-    except ValidationError as error:
-        raise LayerserveError(describe_validation_error(error, "param")) from None
+    params = TextTrainingParams.parse(given)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns) as progress:
         task = progress.add_task("epoch 1", total=params.epochs)

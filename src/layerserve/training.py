@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from layerserve.errors import BadRequestError
+from layerserve.settings import describe_validation_error
 from layerserve.text import Tokenizer
 
 LABELS_FILE = "labels.txt"
@@ -41,6 +42,21 @@ class TextTrainingParams(BaseModel):
     learning_rate: float = Field(0.002, gt=0, le=1, description="Adam's learning rate.")
     validation_split: float = Field(0.2, ge=0, lt=1, description="Share of the rows held out for validation.")
     seed: int = Field(0, ge=0, description="Seed of the shuffle, the split and the weights.")
+
+    @classmethod
+    def parse(cls, values: Any) -> TextTrainingParams:
+        """Params from a mapping of names to values (HTTP or CLI).
+
+        Raises:
+            BadRequestError: not a mapping, an unknown name or a bad value (each named, the known listed).
+        """
+        if not isinstance(values, dict):
+            raise BadRequestError("'params' must be a JSON object of training parameters")
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            known = ", ".join(cls.model_fields)
+            raise BadRequestError(f"{describe_validation_error(error, 'param')} (known params: {known})") from None
 
 
 ProgressCallback = Callable[[dict[str, Any]], None]

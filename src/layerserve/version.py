@@ -112,9 +112,10 @@ class ModelVersion:
         source = ModelSource(model_file, file_digest(model_file), settings.trust_models)
         cache_file = onnx_cache_path(settings.engine_cache_dir, source.digest)
         engine_choice = self.config.engine or settings.engine
+        loaded: KerasEngine | None = None
         if engine_choice == "keras":
             verdict = Verdict(None, "engine=keras was requested")
-            self._load_keras(source)
+            loaded = self._load_keras(source)
         else:
             prepared = preparer.model(source, cache_file, self.config.warmup_batch_size)
             verdict, self.signature = prepared.verdict, prepared.signature
@@ -125,7 +126,7 @@ class ModelVersion:
         self._read_config()
         choice = choose_engine(
             verdict, engine_choice, cache_file, self.signature.inputs, settings.verify_atol,
-            settings.intra_op_threads, keras_engine=lambda: self._load_keras(source),
+            settings.intra_op_threads, keras_engine=lambda: loaded or self._load_keras(source),
         )  # fmt: skip
         choice.engine.run(probe_batch(self.signature.inputs, self.config.warmup_batch_size))  # warm-up
         self.engine, self.engine_reason = choice.engine, choice.reason

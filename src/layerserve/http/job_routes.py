@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,7 +15,7 @@ from layerserve.http.bodies import JSONResponse, parse_form, read_body
 from layerserve.jobs import JobRunner
 from layerserve.protocols.v2 import load_json_object
 from layerserve.reloader import check_model_name
-from layerserve.settings import Settings, describe_validation_error
+from layerserve.settings import Settings
 from layerserve.training import TextTrainingParams, check_dataset, check_text_model
 
 _BODY_KEYS = {"dataset", "params", "apply"}
@@ -33,16 +32,6 @@ def _runner(request: Request) -> JobRunner:
     if runner is None:
         raise NotReadyError(request.app.state.jobs_error)
     return runner
-
-
-def _params(value: Any) -> TextTrainingParams:
-    if not isinstance(value, dict):
-        raise BadRequestError("'params' must be a JSON object of training parameters")
-    try:
-        return TextTrainingParams.model_validate(value)
-    except ValidationError as error:
-        known = ", ".join(TextTrainingParams.model_fields)
-        raise BadRequestError(f"{describe_validation_error(error, 'param')} (known params: {known})") from None
 
 
 def _dataset_from_json(dataset: Any, settings: Settings) -> tuple[list[str], list[str]]:
@@ -108,7 +97,7 @@ async def train(request: Request) -> Response:
         texts, labels = _dataset_from_json(fields.get("dataset"), settings)
     if not isinstance(fields.get("apply", False), bool):
         raise BadRequestError("'apply' must be true or false")
-    params = _params(fields.get("params", {}))
+    params = TextTrainingParams.parse(fields.get("params", {}))
     check_dataset(texts, labels)
     check_text_model(settings.model_repository / name)
     job = _runner(request).submit(name, texts, labels, params, bool(fields.get("apply", False)))
