@@ -61,13 +61,14 @@ def test_values_round_trip_and_garbage_is_a_miss() -> None:
 def test_row_keys_depend_on_data_dtype_shape_and_outputs() -> None:
     cache = FeatureCache(InProcessBackend(10**6), 0, "p:")
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    keys = cache.row_keys("m", 1, ("out",), {"x": x})
+    keys = cache.row_keys("m", 1, "w", ("out",), {"x": x})
     assert len(keys) == 2 and keys[0] != keys[1]
-    assert cache.row_keys("m", 1, ("out",), {"x": x.copy()}) == keys
-    assert cache.row_keys("m", 1, ("out",), {"x": x.astype(np.float64)})[0] != keys[0]
-    assert cache.row_keys("m", 1, ("out",), {"x": x.reshape(2, 3, 1)})[0] != keys[0]
-    assert cache.row_keys("m", 1, ("other",), {"x": x})[0] != keys[0]
-    assert cache.row_keys("m", 2, ("out",), {"x": x})[0] != keys[0]
+    assert cache.row_keys("m", 1, "w", ("out",), {"x": x.copy()}) == keys
+    assert cache.row_keys("m", 1, "w", ("out",), {"x": x.astype(np.float64)})[0] != keys[0]
+    assert cache.row_keys("m", 1, "w", ("out",), {"x": x.reshape(2, 3, 1)})[0] != keys[0]
+    assert cache.row_keys("m", 1, "w", ("other",), {"x": x})[0] != keys[0]
+    assert cache.row_keys("m", 2, "w", ("out",), {"x": x})[0] != keys[0]
+    assert cache.row_keys("m", 1, "other weights", ("out",), {"x": x})[0] != keys[0]
 
 
 async def test_in_process_backend_is_bounded() -> None:
@@ -78,7 +79,7 @@ async def test_in_process_backend_is_bounded() -> None:
 
 async def test_redis_cache_rows_ttl_and_garbage(prefix: str, backends: list[RedisBackend]) -> None:
     cache = FeatureCache(redis_backend(backends), 120, prefix)
-    keys = cache.row_keys("m", 1, ("out",), {"x": np.arange(6, dtype=np.float32).reshape(3, 2)})
+    keys = cache.row_keys("m", 1, "w", ("out",), {"x": np.arange(6, dtype=np.float32).reshape(3, 2)})
     assert await cache.lookup(keys, 1, "m") == [None, None, None]
     rows = [[np.full(4, i, np.float32)] for i in range(3)]
     await cache.store(keys, rows, "m")
@@ -93,7 +94,7 @@ async def test_redis_cache_rows_ttl_and_garbage(prefix: str, backends: list[Redi
 
 async def test_redis_down_is_a_miss_and_never_raises(backends: list[RedisBackend]) -> None:
     cache = FeatureCache(redis_backend(backends, f"redis://127.0.0.1:{free_port()}/0", 0.05), 60, "p:")
-    keys = cache.row_keys("m", 1, ("out",), {"x": np.arange(4, dtype=np.float32).reshape(2, 2)})
+    keys = cache.row_keys("m", 1, "w", ("out",), {"x": np.arange(4, dtype=np.float32).reshape(2, 2)})
     assert await cache.lookup(keys, 1, "m") == [None, None]
     await cache.store(keys, [[np.ones(1)], [np.ones(1)]], "m")
 

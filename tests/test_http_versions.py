@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import tritonclient.http as triton
 from layerserve.settings import Settings
 from tests.conftest import build_mlp
 from tests.live_server import LiveServer, start_server
+from tests.redis_server import RedisServer
 
 X = np.random.default_rng(9).normal(size=(2, 10)).astype(np.float32)
 BODY = orjson.dumps(
@@ -177,3 +179,48 @@ def test_strict_hot_swap_zero_failed_requests(
     assert rows[str(newest + 1)] == "FAILED"
     answer = httpx.post(f"{live.url}/v2/models/m/infer", content=BODY).json()
     assert answer["model_version"] == str(newest)
+
+
+def test_version_swapped_out_while_a_request_awaits_still_answers_it(
+    tmp_path: Path, weights: dict[str, Path], references: dict[str, np.ndarray]
+) -> None:
+    """A request holds the version it got from the start: here it waits on a stalled feature cache while its
+    version is reloaded with other weights, and is answered by the version it started with."""
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    add_version(repo, 1, weights["b"])
+    (repo / "m" / "config.yaml").write_text("cache: true\n")
+    redis = RedisServer()
+    redis.start()
+    settings = Settings(
+        model_repository=repo, engine_cache_dir=tmp_path / "cache", redis_url=redis.url, redis_timeout_ms=10_000,
+        reload_interval_s=0,
+    )  # fmt: skip
+    live = start_server(settings)
+    try:
+        assert httpx.post(f"{live.url}/v2/models/m/infer", content=BODY, timeout=30).status_code == 200
+        stall = subprocess.Popen(["redis-cli", "-p", str(redis.port), "debug", "sleep", "2"])
+        time.sleep(0.3)  # Redis answers nothing for 2 s: the next request waits in its cache lookup
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(
+                httpx.post, f"{live.url}/v2/models/m/infer", content=orjson.dumps({
+                    "inputs": [{"name": "x", "shape": [2, 10], "datatype": "FP32", "data": (X + 1).tolist()}]
+                }), timeout=30,
+            )  # fmt: skip
+            time.sleep(0.3)
+            shutil.copyfile(weights["a"], repo / "m" / "1" / "model.keras")
+            reload = httpx.post(f"{live.url}/v2/repository/models/m/load", timeout=60)
+            assert reload.status_code == 200, reload.text
+            assert not waiting.done()  # the reload finished while the request still waited
+            answer = waiting.result()
+        stall.wait(timeout=30)
+        assert answer.status_code == 200, answer.text
+        expected = np.asarray(keras.saving.load_model(weights["b"])(X + 1))
+        got = np.asarray(answer.json()["outputs"][0]["data"], dtype=np.float32).reshape(expected.shape)
+        np.testing.assert_allclose(got, expected, atol=1e-4)  # the old weights answered it
+        now = httpx.post(f"{live.url}/v2/models/m/infer", content=BODY, timeout=30).json()
+        got = np.asarray(now["outputs"][0]["data"], dtype=np.float32).reshape(references["a"].shape)
+        np.testing.assert_allclose(got, references["a"], atol=1e-4)  # and the new weights serve now
+    finally:
+        live.stop()
+        redis.kill()

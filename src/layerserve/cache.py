@@ -155,11 +155,14 @@ class FeatureCache:
         self._prefix = prefix
         self._last_error_log = 0.0
 
-    def row_keys(self, model: str, version: int, outputs: tuple[str, ...], inputs: dict[str, Array]) -> list[str]:
-        """One key per input row: SHA-256 over the outputs and each input's name, dtype, row shape and bytes."""
+    def row_keys(
+        self, model: str, version: int, salt: str, outputs: tuple[str, ...], inputs: dict[str, Array]
+    ) -> list[str]:
+        """One key per input row: SHA-256 over `salt` (the model file's hash: other weights under the same
+        version number never hit), the outputs and each input's name, dtype, row shape and bytes."""
         names = sorted(inputs)
         rows = inputs[names[0]].shape[0]
-        head = hashlib.sha256("\0".join(outputs).encode())
+        head = hashlib.sha256(f"{salt}\0".encode() + "\0".join(outputs).encode())
         keys = []
         for row in range(rows):
             digest = head.copy()
@@ -171,8 +174,8 @@ class FeatureCache:
         return keys
 
     def encoded_keys(self, model: str, version: int, salt: str, output: str, payloads: list[bytes]) -> list[str]:
-        """One key per encoded input (an image file): SHA-256 over its bytes, the output and `salt` (the
-        preprocessing config), so that a hit skips decoding too."""
+        """One key per encoded input (an image file): SHA-256 over its bytes, the output and `salt` (the model
+        file's hash and the preprocessing config), so that a hit skips decoding too."""
         keys = []
         for payload in payloads:
             digest = hashlib.sha256(f"encoded\0{salt}\0{output}\0".encode())

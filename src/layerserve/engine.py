@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -159,9 +160,14 @@ def max_difference(expected: list[Array], actual: list[Array]) -> float:
 
 def onnx_cache_path(cache_dir: Path, digest: str) -> Path:
     """Where the export of a model file with this digest is cached, per exporter version."""
-    # Versions from the package metadata: importing Keras would start TensorFlow in the server process.
-    tag = f"keras{metadata.version('keras')}-tf2onnx{metadata.version('tf2onnx')}"
-    return cache_dir / f"{digest[:40]}-{tag}.onnx"
+    return cache_dir / f"{digest[:40]}-{_exporter_tag()}.onnx"
+
+
+@functools.cache
+def _exporter_tag() -> str:
+    """The exporters' versions, read once from the package metadata: importing Keras would start TensorFlow
+    in the server process, and parsing the metadata files holds the GIL for milliseconds on every load."""
+    return f"keras{metadata.version('keras')}-tf2onnx{metadata.version('tf2onnx')}"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -19,11 +20,17 @@ _IMAGENET_FILE = "imagenet1k_label_to_names.json"
 
 def imagenet_labels() -> list[str]:
     """The 1000 ImageNet-1k class names in class order (the first synonym: 'tabby', not 'tabby, tabby cat')."""
+    return list(_imagenet_names())
+
+
+@functools.cache
+def _imagenet_names() -> tuple[str, ...]:
+    """Read once per process: parsing the file holds the GIL for a millisecond on every load."""
     spec = importlib.util.find_spec(_IMAGENET_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(f"labels: imagenet needs the package {_IMAGENET_PACKAGE!r}")
     names = json.loads((Path(spec.submodule_search_locations[0]) / _IMAGENET_FILE).read_text(encoding="utf-8"))
-    return [names[str(index)].split(",")[0].strip() for index in range(len(names))]
+    return tuple(names[str(index)].split(",")[0].strip() for index in range(len(names)))
 
 
 def load_labels(model_dir: Path, labels: str | None) -> list[str] | None:

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 _FORMAT = 1
 _NICENESS = 10
+_KEPT_PREPARATIONS = 64
 T = TypeVar("T")
 
 
@@ -205,6 +206,8 @@ class Preparer:
         self._running = 0
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
+        # Records are immutable per model digest; parsing one holds the GIL for milliseconds per load.
+        self._kept: dict[tuple[Path, int, int], Preparation] = {}
 
     def model(self, source: ModelSource, cache_file: Path, probe_rows: int) -> Preparation:
         """The preparation of a model file: the stored one, else made in the child now.
@@ -212,12 +215,25 @@ class Preparer:
         Raises:
             ModelLoadError: the file cannot be loaded, or the child died.
         """
+        try:
+            stat = record_path(cache_file).stat()
+            key: tuple[Path, int, int] | None = (cache_file, stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            key = None
+        kept = self._kept.get(key) if key else None
+        if kept is not None and (kept.verdict.max_difference is None or cache_file.exists()):
+            return kept
         data = read_record(cache_file)
         if data is None or "inputs" not in data:
             data = self._run(prepare_model, source, cache_file, probe_rows)
         if "load_error" in data:
             raise ModelLoadError(data["load_error"])
-        return Preparation.from_dict(data)
+        preparation = Preparation.from_dict(data)
+        if key is not None:
+            if len(self._kept) >= _KEPT_PREPARATIONS:
+                self._kept.clear()
+            self._kept[key] = preparation
+        return preparation
 
     def cut(self, source: ModelSource, inputs: tuple[str, ...], outputs: tuple[str, ...], cache_file: Path) -> Verdict:
         """The verdict on a cut's ONNX export: the stored one, else made in the child now.

@@ -13,7 +13,7 @@ from layerserve.metrics import SERVED_BY
 from layerserve.prepare import Preparer
 from layerserve.repository import ModelSpec
 from layerserve.settings import Settings
-from layerserve.version import ModelVersion, VersionState
+from layerserve.version import ModelVersion, VersionState, hold_for_request
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,7 @@ class ModelRegistry:
         if not model_version.is_ready:
             detail = f": {model_version.reason}" if model_version.reason else ""
             raise NotReadyError(f"model '{name}' version {model_version.version} is {model_version.state}{detail}")
+        hold_for_request(model_version)
         return model_version
 
     def find(self, name: str, version: int | None = None) -> ModelVersion:

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -33,6 +34,19 @@ from layerserve.training import LABELS_FILE
 log = logging.getLogger(__name__)
 
 _MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
+
+
+def hold_for_request(version: ModelVersion) -> None:
+    """Keep `version` from closing until the current request is answered (when called within one)."""
+    held = HELD_BY_REQUEST.get()
+    if held is not None:
+        version.hold()
+        held.append(version)
+
+
+# The versions the current HTTP request took from the registry, released once it is answered: a version
+# swapped out while a request awaits (its body decoding, the feature cache) still answers that request.
+HELD_BY_REQUEST: ContextVar[list[ModelVersion] | None] = ContextVar("held_by_request", default=None)
 
 
 class VersionState(StrEnum):
@@ -63,6 +77,7 @@ class ModelVersion:
     cache: FeatureCache | None = None
     tokenizer: Tokenizer | None = None
     _config_digest: str = ""
+    _model_digest: str = ""
     engine_reason: str = ""
     layer_count: int = 0
     load_seconds: float = 0.0
@@ -110,6 +125,7 @@ class ModelVersion:
     def _load(self, settings: Settings, exporter: Executor, preparer: Preparer) -> None:
         model_file = find_model_file(self.path)
         source = ModelSource(model_file, file_digest(model_file), settings.trust_models)
+        self._model_digest = source.digest
         cache_file = onnx_cache_path(settings.engine_cache_dir, source.digest)
         engine_choice = self.config.engine or settings.engine
         loaded: KerasEngine | None = None
@@ -128,10 +144,9 @@ class ModelVersion:
             verdict, engine_choice, cache_file, self.signature.inputs, settings.verify_atol,
             settings.intra_op_threads, keras_engine=lambda: loaded or self._load_keras(source),
         )  # fmt: skip
-        choice.engine.run(probe_batch(self.signature.inputs, self.config.warmup_batch_size))  # warm-up
         self.engine, self.engine_reason = choice.engine, choice.reason
         self._configure_batching(settings)
-        self._is_fast = self._runs_inline(settings.inline_max_ms / 1000)
+        self._is_fast = self._warm_up(settings.inline_max_ms / 1000)
         cut_settings = settings.model_copy(update={"engine": engine_choice})
         self.cuts = CutCache(self.graph, source, cut_settings, exporter, preparer)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
@@ -152,21 +167,23 @@ class ModelVersion:
         self._budget = QueueBudget(config.max_queue_size or settings.max_queue_size)
         self._timeout_ms = settings.request_timeout_ms
 
-    def _runs_inline(self, limit_s: float) -> bool:
-        """Whether a full batch takes under `limit_s` (best of three), so batches may run on the event loop.
+    def _warm_up(self, inline_limit_s: float) -> bool:
+        """Run the warm-up batch, then tell whether a full batch takes under `inline_limit_s` (best of three),
+        so that batches may run on the event loop.
 
-        One call on the warm-up batch decides for slow models without three full batches, which on a big
-        model would take the cores from the models that serve during a reload.
+        One call with one row decides for slow models without three full batches, which on a big model
+        would take the cores from the models that serve during a reload.
         """
         assert self.engine is not None
         inputs = self.signature.inputs
+        self.engine.run(probe_batch(inputs, self.config.warmup_batch_size))
         for rows, tries in ((1, 1), (self._max_batch_size, 3)):
             batch, fastest = probe_batch(inputs, rows), float("inf")  # a full image batch costs ~0.1 s to draw
             for _ in range(tries):
                 started = time.perf_counter()
                 self.engine.run(batch)
                 fastest = min(fastest, time.perf_counter() - started)
-            if fastest >= limit_s:
+            if fastest >= inline_limit_s:
                 return False
         return True
 
@@ -274,7 +291,7 @@ class ModelVersion:
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
             return await self._compute(inputs, wanted, timeout_ms)
-        keys = cache.row_keys(self.name, self.version, wanted, inputs)
+        keys = cache.row_keys(self.name, self.version, self._model_digest, wanted, inputs)
         rows = await cache.lookup(keys, len(wanted), self.name)
         misses = [index for index, row in enumerate(rows) if row is None]
         if misses:
@@ -305,7 +322,8 @@ class ModelVersion:
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
             return await compute(payloads)
-        keys = cache.encoded_keys(self.name, self.version, f"{self._config_digest}:{pool}", output, payloads)
+        salt = f"{self._model_digest}:{self._config_digest}:{pool}"
+        keys = cache.encoded_keys(self.name, self.version, salt, output, payloads)
         rows = await cache.lookup(keys, 1, self.name)
         misses = [index for index, row in enumerate(rows) if row is None]
         if misses:
@@ -333,15 +351,23 @@ class ModelVersion:
         key = (names, outputs, tuple((a.shape[1:], a.dtype.str) for a in arrays))
         batcher = self._batchers.get(key) or self._new_batcher(key, names, outputs)
         deadline = time.perf_counter() + (timeout_ms or self._timeout_ms) / 1000
-        self._in_flight += 1
-        self._idle.clear()
+        self.hold()
         try:
             results = await batcher.submit(arrays, deadline)
         finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
+            self.release()
         return dict(zip(outputs, results, strict=True))
+
+    def hold(self) -> None:
+        """A request uses this version: it is not closed before `release`."""
+        self._in_flight += 1
+        self._idle.clear()
+
+    def release(self) -> None:
+        """The end of a `hold`."""
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
 
     async def drain(self) -> None:
         """Wait until the requests that hold this version have their answers."""
@@ -376,8 +402,10 @@ class ModelVersion:
         return {name: by_name[name] for name in outputs}
 
     def close(self) -> None:
-        """Drop the cuts and stop the model thread (after the calls already queued on it)."""
+        """Drop the cuts, stop the model thread (after the calls already queued on it) and free the engine
+        here, not wherever the last reference happens to go (the event loop, or a garbage collection)."""
         if self.cuts is not None:
             self.cuts.close()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+        self.engine, self._batchers = None, {}

@@ -160,9 +160,6 @@ def create_app(settings: Settings) -> Starlette:
     middleware = [Middleware(ObserveMiddleware, log_requests=settings.access_log)]
     if settings.admin_token or settings.api_token:
         middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
-    middleware = [Middleware(ObserveMiddleware, log_requests=settings.access_log)]
-    if settings.admin_token or settings.api_token:
-        middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
     app = Starlette(
         routes=[
             *v2_routes.routes,

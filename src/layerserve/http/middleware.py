@@ -12,6 +12,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from layerserve.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS, SERVED_BY
+from layerserve.version import HELD_BY_REQUEST, ModelVersion
 
 access_log = logging.getLogger("layerserve.access")
 
@@ -73,7 +74,8 @@ class AuthMiddleware:
 
 
 class ObserveMiddleware:
-    """Counts and times every request by model, version, route and status; writes the access log."""
+    """Counts and times every request by model, version, route and status; writes the access log; releases
+    the model versions the request held."""
 
     def __init__(self, app: ASGIApp, log_requests: bool) -> None:
         self.app = app
@@ -96,11 +98,15 @@ class ObserveMiddleware:
             await send(message)
 
         SERVED_BY.set(None)
+        held: list[ModelVersion] = []
+        HELD_BY_REQUEST.set(held)
         IN_FLIGHT.inc()
         try:
             await self.app(scope, receive, send_and_see)
         finally:
             IN_FLIGHT.dec()
+            for version in held:
+                version.release()
             self._record(scope, status, time.perf_counter() - started)
 
     def _record(self, scope: Scope, status: int, seconds: float) -> None:
