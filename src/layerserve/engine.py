@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import re
 import tempfile
@@ -128,7 +129,27 @@ def export_onnx(model: Any, inputs: tuple[TensorSpec, ...], target: Path) -> Non
 
 
 def probe_batch(inputs: tuple[TensorSpec, ...], rows: int) -> list[Array]:
-    """A deterministic batch for warm-up and verification: small ints, normal floats, short strings."""
+    """A deterministic batch for warm-up and verification: small ints, normal floats, short strings.
+
+    Batches up to 4 MB are drawn once and kept (read-only): every reload of a model warms up with the same
+    one, and drawing an image batch costs milliseconds of CPU.
+    """
+    row_bytes = sum(math.prod(1 if d == -1 else d for d in spec.shape[1:]) * spec.dtype.itemsize for spec in inputs)
+    return list(_kept_probe(inputs, rows) if rows * row_bytes <= _KEPT_PROBE_BYTES else _draw_probe(inputs, rows))
+
+
+_KEPT_PROBE_BYTES = 4 << 20
+
+
+@functools.lru_cache(maxsize=8)
+def _kept_probe(inputs: tuple[TensorSpec, ...], rows: int) -> tuple[Array, ...]:
+    batch = _draw_probe(inputs, rows)
+    for array in batch:
+        array.flags.writeable = False
+    return batch
+
+
+def _draw_probe(inputs: tuple[TensorSpec, ...], rows: int) -> tuple[Array, ...]:
     rng = np.random.default_rng(0)
     batch = []
     for spec in inputs:
@@ -141,7 +162,7 @@ def probe_batch(inputs: tuple[TensorSpec, ...], rows: int) -> list[Array]:
             batch.append(rng.integers(0, 2, shape).astype(spec.dtype))
         else:
             batch.append(rng.normal(size=shape).astype(spec.dtype))
-    return batch
+    return tuple(batch)
 
 
 def max_difference(expected: list[Array], actual: list[Array]) -> float:

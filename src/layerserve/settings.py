@@ -262,7 +262,8 @@ def read_model_config(path: Path) -> ModelConfig:
     if not path.exists():
         return ModelConfig()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # libyaml's loader when PyYAML has it: the reloader reads every config.yaml on the event loop.
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError) as error:
         raise ConfigError(f"{path}: {error}") from error
     if data is None:
