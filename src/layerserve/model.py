@@ -49,11 +49,15 @@ def file_digest(path: Path) -> str:
     """SHA-256 of a model file, or of every file of a SavedModel folder (names and contents)."""
     digest = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    # Large reads into one buffer: each read and update releases the GIL, and every chunk takes it back.
+    # (Not mmap: a file truncated while mapped would kill the process with SIGBUS.)
+    buffer = bytearray(8 << 20)
+    view = memoryview(buffer)
     for file in files:
         digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
         with file.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
+            while count := handle.readinto(buffer):
+                digest.update(view[:count])
     return digest.hexdigest()
 
 
