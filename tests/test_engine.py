@@ -87,6 +87,19 @@ def test_preparer_child_records_layer_table_and_verdict_once(tmp_path: Path) -> 
     again = Preparer()  # a fresh preparer reads the record: no child process is started
     assert again.model(source, cache, 2) == prepared and again._pool is None
     assert cache.stat().st_mtime_ns == stamp
+    assert again.model(source, cache, 2) is again.model(source, cache, 2)  # parsed once, then kept
+    record = cache.with_name(cache.name + ".json")
+    record.write_text(record.read_text().replace('"layer_count": ', '"layer_count": 1000'))
+    assert again.model(source, cache, 2).layer_count == int(f"1000{len(model.layers)}")  # a new record is read
+
+
+def test_probe_batches_are_deterministic_and_read_only() -> None:
+    inputs = read_signature(build_multi()).inputs
+    first, second = probe_batch(inputs, 3), probe_batch(inputs, 3)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert not a.flags.writeable
+    assert [a.shape[0] for a in probe_batch(inputs, 5)] == [5, 5]
 
 
 def test_preparer_reports_load_errors_and_a_dead_child(tmp_path: Path) -> None:

@@ -91,6 +91,8 @@ def test_bad_images() -> None:
 def test_labels_and_top_k() -> None:
     names = imagenet_labels()
     assert len(names) == 1000 and names[285] == "Egyptian cat" and names[281] == "tabby"
+    names[0] = "changed by a caller"
+    assert imagenet_labels()[0] == "tench"  # the names are read once, and every caller gets its own list
     scores = np.array([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3]], np.float32)
     best = top_k(scores, ["a", "b", "c"], 2)
     assert [[c["label"] for c in row] for row in best] == [["b", "c"], ["a", "c"]]
