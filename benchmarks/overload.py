@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import re
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -40,14 +38,6 @@ def slow_repository(root: Path) -> Path:
     return root
 
 
-def rss_mb(url: str) -> float:
-    """The server's resident memory from /metrics."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    found = re.search(r"^layerserve_process_resident_memory_bytes (\S+)$", text, re.M)
-    return float(found.group(1)) / 2**20 if found else float("nan")
-
-
 def main() -> None:
     """Run the overload and print what came back."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,12 +49,11 @@ def main() -> None:
     flags = ("--request-timeout-ms", "2000")
     with demo_server(args.port, repository, *flags) as (url, _), multiprocessing.get_context("spawn").Pool(2) as pool:
         workload = build_workload(url, "slow", "tensor", 1, None, use_cache=False)
-        run_step(url, workload, args.concurrency, 10.0, pool)  # warm-up at the same load
-        before = rss_mb(url)
+        warm_up = run_step(url, workload, args.concurrency, 10.0, pool)  # at the same load
         started = time.perf_counter()
         step = run_step(url, workload, args.concurrency, args.duration_s, pool)
         wall = time.perf_counter() - started
-        after = rss_mb(url)
+    before, after = ((s.server_rss_bytes or float("nan")) / 2**20 for s in (warm_up, step))
     statuses = {"200": step.requests - sum(step.errors.values()), **step.errors}
     print("| concurrency | seconds (wall) | answers by status | 200/s | p50 ms | p99 ms (200) | RSS after warm-up "
           "| RSS after | growth |")  # fmt: skip

@@ -36,17 +36,17 @@ log = logging.getLogger(__name__)
 _MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
 
 
+# The versions the current HTTP request took from the registry, released once it is answered: a version
+# swapped out while a request awaits (its body decoding, the feature cache) still answers that request.
+HELD_BY_REQUEST: ContextVar[list[ModelVersion] | None] = ContextVar("held_by_request", default=None)
+
+
 def hold_for_request(version: ModelVersion) -> None:
     """Keep `version` from closing until the current request is answered (when called within one)."""
     held = HELD_BY_REQUEST.get()
     if held is not None:
         version.hold()
         held.append(version)
-
-
-# The versions the current HTTP request took from the registry, released once it is answered: a version
-# swapped out while a request awaits (its body decoding, the feature cache) still answers that request.
-HELD_BY_REQUEST: ContextVar[list[ModelVersion] | None] = ContextVar("held_by_request", default=None)
 
 
 class VersionState(StrEnum):
