@@ -1,7 +1,7 @@
 """p99 of a small model while the demo EfficientNet reloads in a loop, vs its steady p99.
 
     .venv/bin/python benchmarks/reload_stall.py [--duration-s 15] [--rounds 3] [--concurrency 4] [--every-s 0]
-                                                [--fresh]
+                                                [--fresh] [--engine-process-min-mb 8]
 
 Steady: the token classifier alone. Then the same load while another thread touches EfficientNet's
 model file (new modification time, same bytes) and asks for `POST /v2/repository/models/.../load`,
@@ -54,8 +54,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8768)
     parser.add_argument("--every-s", type=float, default=0.0, help="start a reload every N s (0: back to back)")
     parser.add_argument("--fresh", action="store_true", help="empty the engine cache first: every reload exports")
+    parser.add_argument(
+        "--engine-process-min-mb", default="8", help="the server setting (1e9: EfficientNet in the server process)"
+    )
     args = parser.parse_args()
-    with demo_server(args.port) as (url, repository), multiprocessing.get_context("spawn").Pool(1) as pool:
+    flags = ("--engine-process-min-mb", args.engine_process_min_mb)
+    with (
+        demo_server(args.port, None, *flags) as (url, repository),
+        multiprocessing.get_context("spawn").Pool(1) as pool,
+    ):
         workload = build_workload(url, "token_classifier", "tensor", 1, None)
         run_step(url, workload, args.concurrency, 2.0, pool)
         seconds = args.duration_s / args.rounds

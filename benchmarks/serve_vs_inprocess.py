@@ -1,6 +1,7 @@
 """Served throughput (V2 binary infer) vs the model's in-process ceiling, in one run, on the demo repository.
 
     .venv/bin/python benchmarks/serve_vs_inprocess.py [--model efficientnet_lite0] [--duration-s 10]
+                                                      [--engine-process-min-mb 8]
 
 The same as `layerserve bench URL --model M --no-cache --in-process REPO --concurrency 1 8` against a demo
 server (the feature cache is bypassed: every request is computed).
@@ -24,8 +25,11 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument(
+        "--engine-process-min-mb", default="8", help="the server setting (1e9: EfficientNet in the server process)"
+    )
     args = parser.parse_args()
-    with demo_server(args.port) as (url, repository):
+    with demo_server(args.port, None, "--engine-process-min-mb", args.engine_process_min_mb) as (url, repository):
         options = BenchOptions(
             url, args.model, "tensor", args.concurrency, args.duration_s, use_cache=False, in_process=repository
         )

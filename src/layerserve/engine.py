@@ -28,9 +28,14 @@ class Engine(Protocol):
     """Runs one batch: arrays in the model's input order -> arrays in its output order."""
 
     name: str
+    in_process: bool  # False: runs in another process, so never on the event loop
 
     def run(self, inputs: list[Array]) -> list[Array]:
         """Compute the outputs for one batch."""
+        ...
+
+    def close(self) -> None:
+        """Free what the engine holds outside this process's objects (its process); runs once, at unload."""
         ...
 
 
@@ -52,6 +57,7 @@ class KerasEngine:
     """The model's call compiled once as a `tf.function` with a free batch dimension."""
 
     name = "keras"
+    in_process = True
 
     def __init__(self, model: Any, inputs: tuple[TensorSpec, ...]) -> None:
         import keras
@@ -70,11 +76,15 @@ class KerasEngine:
         """Compute the outputs for one batch."""
         return [np.asarray(t) for t in self._flatten(self._function(*inputs))]
 
+    def close(self) -> None:
+        """Nothing to do: the function is freed with the object."""
+
 
 class OnnxEngine:
     """An ONNX Runtime session over an exported graph."""
 
     name = "onnx"
+    in_process = True
 
     def __init__(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int) -> None:
         import onnxruntime as ort
@@ -97,6 +107,21 @@ class OnnxEngine:
     def run(self, inputs: list[Array]) -> list[Array]:
         """Compute the outputs for one batch."""
         return list(self._session.run(None, dict(zip(self._input_names, inputs, strict=True))))
+
+    def close(self) -> None:
+        """Nothing to do: the session is freed with the object."""
+
+
+def open_onnx(
+    path: Path, inputs: tuple[TensorSpec, ...], threads: int, process_min_bytes: int | None, warmup_rows: int
+) -> Engine:
+    """A session over the graph at `path`: in a process of its own, warmed up there with `warmup_rows`,
+    when the file has at least `process_min_bytes` (see engine_process); else in this one."""
+    if process_min_bytes is not None and path.stat().st_size >= process_min_bytes:
+        from layerserve.engine_process import ProcessOnnxEngine  # imports this module
+
+        return ProcessOnnxEngine(path, inputs, threads, warmup_rows)
+    return OnnxEngine(path, inputs, threads)
 
 
 @dataclass(frozen=True)
@@ -233,8 +258,11 @@ def choose_engine(
     atol: float,
     threads: int,
     keras_engine: Callable[[], Engine],
+    process_min_bytes: int | None = None,
+    warmup_rows: int = 1,
 ) -> EngineChoice:
-    """The engine per `choice` (auto/onnx/keras): the verified ONNX export, else `keras_engine()`.
+    """The engine per `choice` (auto/onnx/keras): the verified ONNX export (see `open_onnx` for where it
+    runs), else `keras_engine()`.
 
     Raises:
         ModelLoadError: `choice` is onnx and the export failed or differs from Keras by more than `atol`.
@@ -243,8 +271,9 @@ def choose_engine(
         return EngineChoice(keras_engine(), "engine=keras was requested")
     difference = verdict.max_difference
     if difference is not None and difference <= atol:
-        engine = OnnxEngine(cache_file, inputs, threads)
-        return EngineChoice(engine, f"ONNX verified against Keras: max difference {difference:.2e}")
+        engine = open_onnx(cache_file, inputs, threads, process_min_bytes, warmup_rows)
+        where = "" if engine.in_process else f"; runs in engine process {getattr(engine, 'pid', '?')}"
+        return EngineChoice(engine, f"ONNX verified against Keras: max difference {difference:.2e}{where}")
     reason = verdict.error or f"ONNX verification failed: max difference {difference:.2e} > {atol:.0e}"
     if choice == "onnx":
         raise ModelLoadError(reason)

@@ -63,3 +63,9 @@ class DeadlineExceededError(LayerserveError):
     """The request's deadline passed before its answer was ready (504)."""
 
     status_code = 504
+
+
+class EngineProcessError(LayerserveError):
+    """The process that runs a version's engine is gone; the version is FAILED until loaded again (503)."""
+
+    status_code = 503

@@ -47,10 +47,14 @@ MODEL_STATE = Gauge(
     ("model", "version", "state"), multiprocess_mode="liveall",
 )  # fmt: skip
 PROCESS_CPU_SECONDS = Gauge(
-    "layerserve_process_cpu_seconds", "CPU seconds used by the server process.", multiprocess_mode="liveall"
+    "layerserve_process_cpu_seconds",
+    "CPU seconds used by the server process and its engine processes.",
+    multiprocess_mode="liveall",
 )
 PROCESS_RSS_BYTES = Gauge(
-    "layerserve_process_resident_memory_bytes", "Resident memory of the server process.", multiprocess_mode="liveall"
+    "layerserve_process_resident_memory_bytes",
+    "Resident memory of the server process and its engine processes.",
+    multiprocess_mode="liveall",
 )
 GPU_MEMORY_USED_BYTES = Gauge(
     "layerserve_gpu_memory_used_bytes", "GPU memory in use, per device.", ("device",), multiprocess_mode="max"
@@ -77,11 +81,14 @@ def sample_process(with_gpu: bool = True) -> None:
     """Refresh the process (and GPU) gauges; each worker does, so that /metrics can sum them."""
     import resource
 
+    from layerserve.engine_process import engine_processes_usage
+
+    engine_cpu_seconds, engine_resident = engine_processes_usage()
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    PROCESS_CPU_SECONDS.set(usage.ru_utime + usage.ru_stime)
+    PROCESS_CPU_SECONDS.set(usage.ru_utime + usage.ru_stime + engine_cpu_seconds)
     with contextlib.suppress(OSError, ValueError, IndexError):
         pages = int(Path("/proc/self/statm").read_text().split()[1])
-        PROCESS_RSS_BYTES.set(pages * os.sysconf("SC_PAGE_SIZE"))
+        PROCESS_RSS_BYTES.set(pages * os.sysconf("SC_PAGE_SIZE") + engine_resident)
     for device, used, total in gpu_memory() if with_gpu else ():
         GPU_MEMORY_USED_BYTES.labels(device).set(used)
         GPU_MEMORY_TOTAL_BYTES.labels(device).set(total)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from layerserve.errors import ModelLoadError
 from layerserve.gpu import configure_tensorflow
 from layerserve.tensors import TensorSpec, datatype_of
@@ -50,13 +52,14 @@ def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     # Large reads into one buffer: each read and update releases the GIL, and every chunk takes it back.
-    # (Not mmap: a file truncated while mapped would kill the process with SIGBUS.)
-    buffer = bytearray(8 << 20)
-    view = memoryview(buffer)
+    # (Not mmap: a file truncated while mapped would kill the process with SIGBUS.) Not a bytearray either:
+    # it would zero its 8 MB holding the GIL; numpy leaves the pages to be filled by the read.
+    buffer = np.empty(8 << 20, np.uint8)
+    view = buffer.data
     for file in files:
         digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
         with file.open("rb") as handle:
-            while count := handle.readinto(buffer):
+            while count := handle.readinto(view):
                 digest.update(view[:count])
     return digest.hexdigest()
 

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from layerserve.cache import FeatureCache
+from layerserve.engine_process import stop_idle_processes
 from layerserve.errors import NotFoundError, NotReadyError
 from layerserve.metrics import SERVED_BY
 from layerserve.prepare import Preparer
@@ -135,10 +136,11 @@ class ModelRegistry:
         return rows
 
     def close(self) -> None:
-        """Stop every model thread, the loader, the exporter and the preparer's child process."""
+        """Stop every model thread and engine process, the loader, the exporter and the preparer's child process."""
         self.loader.shutdown(wait=False, cancel_futures=True)
         self.exporter.shutdown(wait=False, cancel_futures=True)
         self.preparer.close()
         for entry in self._models.values():
             for version in entry.versions.values():
                 version.close()
+        stop_idle_processes()

@@ -44,6 +44,12 @@ class Settings(BaseModel):
         description="Largest absolute difference allowed between ONNX and Keras on the probe batch.",
     )
     intra_op_threads: int = Field(0, ge=0, description="Threads per model call (0: one per core).")
+    engine_process_min_mb: float = Field(
+        8.0,
+        ge=0,
+        description="ONNX graphs of at least this many MB run in a process of their own, so that loading, "
+        "reloading or unloading one never stalls the other models (0: every graph).",
+    )
     max_cuts_per_version: int = Field(
         32, ge=1, description="Cut sub-graphs (layer outputs, cut inputs) kept built per version (LRU)."
     )

@@ -18,7 +18,13 @@ from layerserve.batcher import Batcher, QueueBudget
 from layerserve.cache import FeatureCache
 from layerserve.cuts import CutCache
 from layerserve.engine import Engine, KerasEngine, Verdict, choose_engine, onnx_cache_path, probe_batch
-from layerserve.errors import LayerserveError, ModelLoadError, NotReadyError, UnsupportedMediaTypeError
+from layerserve.errors import (
+    EngineProcessError,
+    LayerserveError,
+    ModelLoadError,
+    NotReadyError,
+    UnsupportedMediaTypeError,
+)
 from layerserve.images import ImageDecoder, ImageSpec
 from layerserve.labels import load_labels
 from layerserve.layers import LayerGraph
@@ -143,6 +149,8 @@ class ModelVersion:
         choice = choose_engine(
             verdict, engine_choice, cache_file, self.signature.inputs, settings.verify_atol,
             settings.intra_op_threads, keras_engine=lambda: loaded or self._load_keras(source),
+            process_min_bytes=int(settings.engine_process_min_mb * 1_000_000),
+            warmup_rows=self.config.warmup_batch_size,
         )  # fmt: skip
         self.engine, self.engine_reason = choice.engine, choice.reason
         self._configure_batching(settings)
@@ -175,6 +183,8 @@ class ModelVersion:
         would take the cores from the models that serve during a reload.
         """
         assert self.engine is not None
+        if not self.engine.in_process:
+            return False  # warmed up in its process when opened; its calls wait on it, never on the event loop
         inputs = self.signature.inputs
         self.engine.run(probe_batch(inputs, self.config.warmup_batch_size))
         for rows, tries in ((1, 1), (self._max_batch_size, 3)):
@@ -393,13 +403,23 @@ class ModelVersion:
         """On the model thread: the full model's engine, or the cut for these names."""
         assert self.engine is not None and self.cuts is not None
         if self.graph.is_full_model(tuple(inputs), outputs):
-            results = self.engine.run([inputs[spec.name] for spec in self.signature.inputs])
+            try:
+                results = self.engine.run([inputs[spec.name] for spec in self.signature.inputs])
+            except EngineProcessError as error:
+                self._fail(error.message)
+                raise
             by_name = {spec.name: array for spec, array in zip(self.signature.outputs, results, strict=True)}
             return {name: by_name[name] for name in outputs}
         cut = self.cuts.get(tuple(sorted(inputs)), tuple(sorted(set(outputs))))
         results = cut.engine.run([inputs[name] for name in cut.inputs])
         by_name = dict(zip(cut.outputs, results, strict=True))
         return {name: by_name[name] for name in outputs}
+
+    def _fail(self, reason: str) -> None:
+        """The serving version broke (its engine process is gone): FAILED, loudly, until it is loaded again."""
+        self.state, self.reason = VersionState.FAILED, reason
+        set_model_state(self.name, self.version, self.state)
+        log.error("model %s version %d FAILED: %s", self.name, self.version, reason)
 
     def close(self) -> None:
         """Drop the cuts, stop the model thread (after the calls already queued on it) and free the engine
@@ -408,4 +428,6 @@ class ModelVersion:
             self.cuts.close()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+        if self.engine is not None:
+            self.engine.close()
         self.engine, self._batchers = None, {}

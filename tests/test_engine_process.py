@@ -1,0 +1,136 @@
+"""Engine processes: ONNX Runtime sessions of big graphs in processes of their own, their arrays through shared
+memory, their processes kept for the next session, and a killed one failing its version only."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from layerserve.engine import OnnxEngine, export_and_verify, probe_batch
+from layerserve.engine_process import ProcessOnnxEngine, engine_processes_usage, stop_idle_processes
+from layerserve.errors import ModelLoadError
+from layerserve.model import read_signature
+from layerserve.settings import Settings
+from tests.conftest import _save, build_mlp, build_multi, load_reference
+from tests.live_server import start_server
+
+
+@pytest.fixture
+def multi_graph(tmp_path: Path) -> tuple[object, Path]:
+    """The two-input, two-output model and its verified ONNX export."""
+    model = build_multi()
+    inputs = read_signature(model).inputs
+    graph = tmp_path / "multi.onnx"
+    assert export_and_verify(model, inputs, graph, probe_batch(inputs, 2)).max_difference is not None
+    return model, graph
+
+
+def is_running(pid: int) -> bool:
+    """Whether a process with this id exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_process_engine_equals_the_in_process_engine_and_keras(multi_graph: tuple[object, Path]) -> None:
+    model, graph = multi_graph
+    inputs = read_signature(model).inputs
+    local, remote = OnnxEngine(graph, inputs, 1), ProcessOnnxEngine(graph, inputs, 1, 2)
+    try:
+        rng = np.random.default_rng(0)
+        # 7 rows travel inside the message; 30,000 rows (480 KB of features) through shared memory, which
+        # then grows for 90,000.
+        for rows in (7, 30_000, 90_000, 3):
+            batch = [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
+            got = remote.run(batch)
+            for mine, theirs in zip(got, local.run(batch), strict=True):
+                np.testing.assert_array_equal(mine, theirs)
+                assert mine.flags.writeable and mine.flags.owndata  # a copy: the buffer is reused
+            for mine, keras_value in zip(got, model(batch), strict=True):  # type: ignore[operator]
+                np.testing.assert_allclose(mine, np.asarray(keras_value), atol=1e-5)
+        with pytest.raises(RuntimeError, match=r"tokens|features|Got invalid dimensions"):
+            remote.run([np.zeros((2, 5), np.float32), np.zeros((2, 3), np.int32)])  # ORT's own message
+        np.testing.assert_array_equal(remote.run(batch)[1], local.run(batch)[1])  # still serving
+    finally:
+        remote.close()
+
+
+def test_a_closed_engines_process_is_kept_for_the_next_one(multi_graph: tuple[object, Path]) -> None:
+    _, graph = multi_graph
+    inputs = read_signature(build_multi()).inputs
+    stop_idle_processes()
+    first = ProcessOnnxEngine(graph, inputs, 1, 1)
+    pid = first.pid
+    assert pid is not None and is_running(pid)
+    assert engine_processes_usage()[1] > 10_000_000  # its resident memory counts as the server's
+    first.close()
+    assert first.pid is None and is_running(pid)  # kept, without a session
+    second = ProcessOnnxEngine(graph, inputs, 1, 1)
+    third = ProcessOnnxEngine(graph, inputs, 1, 1)
+    assert second.pid == pid and third.pid not in (None, pid)
+    other = third.pid
+    assert other is not None
+    second.close()
+    third.close()  # one process is kept already: this one stops
+    assert is_running(pid) and not is_running(other)
+    stop_idle_processes()
+    assert not is_running(pid)
+
+
+def test_an_unreadable_graph_is_a_load_error(tmp_path: Path, multi_graph: tuple[object, Path]) -> None:
+    _, graph = multi_graph
+    inputs = read_signature(build_multi()).inputs
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a protobuf at all" * 100)
+    with pytest.raises(ModelLoadError, match=r"ONNX Runtime could not open garbage\.onnx"):
+        ProcessOnnxEngine(garbage, inputs, 1, 1)
+    engine = ProcessOnnxEngine(graph, inputs, 1, 1)  # the process that refused it opens the next one
+    try:
+        assert engine.run(probe_batch(inputs, 2))[1].shape == (2, 5)
+    finally:
+        engine.close()
+
+
+def test_a_killed_engine_process_fails_its_version_only_and_a_load_restarts_it(tmp_path: Path) -> None:
+    for name, seed in (("big", 1), ("other", 2)):
+        _save(build_mlp(seed), tmp_path / "repo" / name / "1", "model.keras")
+    settings = Settings(
+        model_repository=tmp_path / "repo", engine_cache_dir=tmp_path / "cache", reload_interval_s=0,
+        engine_process_min_mb=0,
+    )  # fmt: skip
+    x = np.random.default_rng(3).normal(size=(4, 10)).astype(np.float32)
+    body = {"inputs": [{"name": "x", "shape": [4, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    expected = np.asarray(load_reference(tmp_path / "repo", "big", 1)(x))
+    live = start_server(settings)
+    try:
+
+        def infer(model: str) -> httpx.Response:
+            return httpx.post(f"{live.url}/v2/models/{model}/infer", json=body, timeout=30)
+
+        def served() -> np.ndarray:
+            response = infer("big")
+            assert response.status_code == 200, response.text
+            return np.asarray(response.json()["outputs"][0]["data"], np.float32).reshape(expected.shape)
+
+        np.testing.assert_allclose(served(), expected, atol=1e-5)
+        reason = httpx.get(f"{live.url}/v2/models/big").json()["engine_reason"]
+        found = re.search(r"runs in engine process (\d+)", reason)
+        assert found, reason
+        os.kill(int(found.group(1)), signal.SIGKILL)
+        broken = infer("big")
+        assert broken.status_code == 503 and "killed by SIGKILL" in broken.json()["error"]
+        assert infer("big").status_code == 503  # FAILED now, not READY
+        assert infer("other").status_code == 200  # the other model's process serves on
+        index = {item["name"]: item for item in httpx.post(f"{live.url}/v2/repository/index").json()}
+        assert index["big"]["state"] == "FAILED" and "load the model again" in index["big"]["reason"]
+        assert httpx.post(f"{live.url}/v2/repository/models/big/load", timeout=60).status_code == 200
+        np.testing.assert_allclose(served(), expected, atol=1e-5)
+    finally:
+        live.stop()
