@@ -13,9 +13,14 @@ import numpy as np
 import pytest
 
 from layerserve.engine import OnnxEngine, export_and_verify, probe_batch
-from layerserve.engine_process import ProcessOnnxEngine, engine_processes_usage, stop_idle_processes
+from layerserve.engine_process import (
+    ProcessOnnxEngine,
+    engine_processes_usage,
+    model_file_digest,
+    stop_idle_processes,
+)
 from layerserve.errors import ModelLoadError
-from layerserve.model import read_signature
+from layerserve.model import file_digest, read_signature
 from layerserve.settings import Settings
 from tests.conftest import _save, build_mlp, build_multi, load_reference
 from tests.live_server import start_server
@@ -134,3 +139,20 @@ def test_a_killed_engine_process_fails_its_version_only_and_a_load_restarts_it(t
         np.testing.assert_allclose(served(), expected, atol=1e-5)
     finally:
         live.stop()
+
+
+def test_big_model_files_are_hashed_in_an_engine_process(tmp_path: Path) -> None:
+    model_file = tmp_path / "model.keras"
+    model_file.write_bytes(np.random.default_rng(0).bytes(3_000_000))
+    here = file_digest(model_file)
+    stop_idle_processes()
+    assert model_file_digest(model_file, None) == here  # no threshold: hashed in this process
+    assert model_file_digest(model_file, 1_000_000) == here  # over it: in an engine process, the same digest
+    assert engine_processes_usage()[1] > 0  # that process is kept for the session that follows
+    model_file.unlink()
+    with pytest.raises(FileNotFoundError):
+        model_file_digest(model_file, None)
+    folder = tmp_path / "saved"
+    (folder / "variables").mkdir(parents=True)
+    (folder / "saved_model.pb").write_bytes(b"graph")
+    assert model_file_digest(folder, 0) == file_digest(folder)  # a SavedModel folder is hashed here

@@ -24,6 +24,7 @@ import os
 import resource
 import signal
 import threading
+from collections.abc import Iterator
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -33,6 +34,7 @@ import numpy as np
 
 from layerserve.engine import OnnxEngine, probe_batch
 from layerserve.errors import EngineProcessError, ModelLoadError
+from layerserve.model import file_digest
 from layerserve.tensors import Array, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -185,13 +187,40 @@ def _take_host() -> _Host:
 
 def _give_back(host: _Host) -> None:
     """Free the host's session; keep it idle for the next engine, or stop it if enough are kept."""
-    if not host.release():
-        return
+    if host.release():
+        _keep_or_stop(host)
+
+
+def _keep_or_stop(host: _Host) -> None:
+    """Keep a host without a session idle for the next engine, or stop it if enough are kept."""
     with _hosts_lock:
         if len(_idle) < _KEPT_IDLE:
             _idle.append(host)
             return
     host.stop()
+
+
+def model_file_digest(path: Path, process_min_bytes: int | None) -> str:
+    """`file_digest(path)`: for a file of at least `process_min_bytes`, computed in an engine process at the
+    lowest priority (hashing 19 MB takes a core for ~15 ms, beside the serving threads and their GIL).
+
+    Raises:
+        OSError: the file cannot be read (hashed here).
+        ModelLoadError: the file cannot be read, or the process died (hashed in an engine process).
+    """
+    if process_min_bytes is None or not path.is_file() or path.stat().st_size < process_min_bytes:
+        return file_digest(path)
+    host = _take_host()
+    try:
+        host.channel.connection.send(("digest", str(path)))
+        tag, body = host.channel.receive(copy=True)
+    except (EOFError, OSError):
+        raise ModelLoadError(host.gone(path.name)) from None
+    _keep_or_stop(host)
+    if tag != "digest":
+        raise ModelLoadError(f"could not read {path}: {body}")
+    digest: str = body
+    return digest
 
 
 def stop_idle_processes() -> None:
@@ -229,16 +258,18 @@ def _serve(connection: Connection) -> None:
         except EOFError:  # the server is gone
             return
         if tag == "arrays" and engine is not None:
-            try:
-                results = engine.run(body)
-            except Exception as error:  # ORT raises many kinds; the request gets the message.
-                connection.send(("error", _describe(error)))
-            else:
-                channel.send_arrays(results)
+            _run(channel, engine, body)
         elif tag == "open":
             engine = _open(connection, *body)
+        elif tag == "digest":
+            try:
+                with _low_priority():
+                    connection.send(("digest", file_digest(Path(body))))
+            except OSError as error:
+                connection.send(("error", str(error)))
         elif tag == "release":
-            engine = None
+            with _low_priority():
+                engine = None  # ORT's destructor: joins the session's threads, returns its memory
             connection.send(("released", None))
         elif tag == "stop":
             usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -249,23 +280,41 @@ def _serve(connection: Connection) -> None:
         del body
 
 
+def _run(channel: _Channel, engine: OnnxEngine, inputs: list[Array]) -> None:
+    """Run one batch and send its outputs, or ORT's message (it raises many kinds) for the request."""
+    try:
+        results = engine.run(inputs)
+    except Exception as error:
+        channel.connection.send(("error", _describe(error)))
+    else:
+        channel.send_arrays(results)
+
+
 def _open(
     connection: Connection, path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int
 ) -> OnnxEngine | None:
     """Open and warm up a session (at the lowest priority where it can be restored after); answer ready or
     the error."""
-    lowered = _lower_priority()
     try:
-        engine = OnnxEngine(Path(path), inputs, threads)
-        engine.run(probe_batch(inputs, rows))
+        with _low_priority():
+            engine = OnnxEngine(Path(path), inputs, threads)
+            engine.run(probe_batch(inputs, rows))
     except Exception as error:  # ORT raises many kinds; the version shows the message as its FAILED reason.
         connection.send(("error", _describe(error)))
         return None
+    connection.send(("ready", None))
+    return engine
+
+
+@contextlib.contextmanager
+def _low_priority() -> Iterator[None]:
+    """This thread, and the threads it starts, at the lowest priority, if it can be restored after."""
+    lowered = _lower_priority()
+    try:
+        yield
     finally:
         if lowered:
             _restore_priority()
-    connection.send(("ready", None))
-    return engine
 
 
 def _lower_priority() -> bool:

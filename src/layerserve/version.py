@@ -18,6 +18,7 @@ from layerserve.batcher import Batcher, QueueBudget
 from layerserve.cache import FeatureCache
 from layerserve.cuts import CutCache
 from layerserve.engine import Engine, KerasEngine, Verdict, choose_engine, onnx_cache_path, probe_batch
+from layerserve.engine_process import model_file_digest
 from layerserve.errors import (
     EngineProcessError,
     LayerserveError,
@@ -29,7 +30,7 @@ from layerserve.images import ImageDecoder, ImageSpec
 from layerserve.labels import load_labels
 from layerserve.layers import LayerGraph
 from layerserve.metrics import MODEL_LOAD_SECONDS, set_model_state
-from layerserve.model import Signature, file_digest, find_model_file, read_signature
+from layerserve.model import Signature, find_model_file, read_signature
 from layerserve.pooling import pool_features
 from layerserve.prepare import ModelSource, Preparer
 from layerserve.settings import ModelConfig, Settings
@@ -130,7 +131,8 @@ class ModelVersion:
 
     def _load(self, settings: Settings, exporter: Executor, preparer: Preparer) -> None:
         model_file = find_model_file(self.path)
-        source = ModelSource(model_file, file_digest(model_file), settings.trust_models)
+        process_min_bytes = int(settings.engine_process_min_mb * 1_000_000)
+        source = ModelSource(model_file, model_file_digest(model_file, process_min_bytes), settings.trust_models)
         self._model_digest = source.digest
         cache_file = onnx_cache_path(settings.engine_cache_dir, source.digest)
         engine_choice = self.config.engine or settings.engine
@@ -149,7 +151,7 @@ class ModelVersion:
         choice = choose_engine(
             verdict, engine_choice, cache_file, self.signature.inputs, settings.verify_atol,
             settings.intra_op_threads, keras_engine=lambda: loaded or self._load_keras(source),
-            process_min_bytes=int(settings.engine_process_min_mb * 1_000_000),
+            process_min_bytes=process_min_bytes,
             warmup_rows=self.config.warmup_batch_size,
         )  # fmt: skip
         self.engine, self.engine_reason = choice.engine, choice.reason
