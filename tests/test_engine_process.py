@@ -3,6 +3,7 @@ memory, their processes kept for the next session, and a killed one failing its 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import pytest
 from layerserve.engine import OnnxEngine, export_and_verify, probe_batch
 from layerserve.engine_process import (
     ProcessOnnxEngine,
+    _Channel,
     engine_processes_usage,
     model_file_digest,
     stop_idle_processes,
@@ -42,6 +44,30 @@ def is_running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_arrays_of_every_kind_cross_the_channel_unchanged() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    sender, receiver = _Channel(ours), _Channel(theirs)
+    rng = np.random.default_rng(5)
+    for rows in (3, 400, 2_000):  # all inline, then through shared memory, then a grown buffer
+        arrays = [
+            rng.normal(size=(rows, 64)).astype(np.float32).T,  # not contiguous
+            rng.integers(-(2**40), 2**40, (rows, 8)),
+            rng.normal(size=(rows, 33)).astype(np.float16),
+            rng.integers(0, 2, (rows, 40)).astype(bool),
+            np.array([b"a", b"\x00bytes"] * rows, dtype=object).reshape(rows, 2),
+            np.zeros((0, 7), np.float64),
+            np.float32(2.5).reshape(()),
+        ]
+        sender.send_arrays(arrays)
+        tag, received = receiver.receive(copy=True)
+        assert tag == "arrays" and len(received) == len(arrays)
+        for sent, got in zip(arrays, received, strict=True):
+            assert got.dtype == sent.dtype and got.shape == sent.shape
+            np.testing.assert_array_equal(got, sent)
+    ours.close()
+    theirs.close()
 
 
 def test_process_engine_equals_the_in_process_engine_and_keras(multi_graph: tuple[object, Path]) -> None:

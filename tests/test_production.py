@@ -157,6 +157,10 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
         assert seen_live and set(seen_live) == {200}
         text = httpx.get(f"{url}/metrics").text
         assert len(set(re.findall(r'layerserve_process_cpu_seconds\{pid="(\d+)"\}', text))) == 2
+        for _ in range(20):  # each worker runs EfficientNet in an engine process of its own
+            with httpx.Client() as client:
+                reason = client.get(f"{url}/v2/models/efficientnet_lite0").json()["engine_reason"]
+                assert "runs in engine process" in reason, reason
         httpx.post(f"{url}/v2/models/mlp/versions/1/apply").raise_for_status()  # answered by one worker
         time.sleep(1.5)  # one reload interval (0.5 s) and margin: the other worker has read the pin
         body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}]}
