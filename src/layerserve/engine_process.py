@@ -4,13 +4,13 @@ Opening, warming up and freeing a session costs the process that does it. ORT's 
 the GIL and takes 2-6 ms for EfficientNet-lite0 (it frees the arena and thousands of small blocks, and
 joins the session's threads), and the warm-up keeps both cores busy. In the server process, each reload
 of a big model stalled the event loop that answers every other model. Here a session is opened, warmed
-up and freed in its own process, and the server sends each batch over a pipe (the arrays' bytes, not
-pickles) and waits with the GIL released. The processes are forked from multiprocessing's fork server,
-which has imported ONNX Runtime once, and a process whose session was closed is kept for the next one
-(up to `_KEPT_IDLE`): a reload then opens a session in a process that already runs, rather than forking
-one and tearing another down. Where the process may raise its priority back (CAP_SYS_NICE, or a
-RLIMIT_NICE that allows it), it opens and warms up each session at the lowest priority and only then
-serves at the normal one, so that a reload takes only idle CPU from the models that serve meanwhile.
+up and freed in its own process; the server hands each batch over through shared memory and waits with
+the GIL released. The processes are forked from multiprocessing's fork server, which has imported ONNX
+Runtime once, and a process whose session was closed is kept for the next one (up to `_KEPT_IDLE`): a
+reload then opens a session in a process that already runs, rather than forking one and tearing another
+down. Where the process may raise its priority back (CAP_SYS_NICE, or a RLIMIT_NICE that allows it), it
+opens, warms up and frees sessions, and hashes big model files, at the lowest priority, and serves at the
+normal one, so that a reload takes only idle CPU from the models that serve meanwhile.
 """
 
 from __future__ import annotations
