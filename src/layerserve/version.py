@@ -114,8 +114,7 @@ class ModelVersion:
         try:
             self._load(settings, exporter, preparer)
         except LayerserveError as error:
-            self.state, self.reason = VersionState.FAILED, error.message
-            log.error("model %s version %d FAILED: %s", self.name, self.version, error.message)
+            self._fail(error.message)
         except Exception as error:  # fail-soft boundary: one bad version never stops the others.
             self.state, self.reason = VersionState.FAILED, f"unexpected error: {error}"
             log.exception("model %s version %d FAILED", self.name, self.version)
@@ -418,7 +417,7 @@ class ModelVersion:
         return {name: by_name[name] for name in outputs}
 
     def _fail(self, reason: str) -> None:
-        """The serving version broke (its engine process is gone): FAILED, loudly, until it is loaded again."""
+        """FAILED with `reason`, loudly: it did not load, or its engine process is gone (until loaded again)."""
         self.state, self.reason = VersionState.FAILED, reason
         set_model_state(self.name, self.version, self.state)
         log.error("model %s version %d FAILED: %s", self.name, self.version, reason)
