@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import struct
+from typing import Any
 
 import httpx
 import pytest
@@ -115,3 +118,34 @@ def test_hostile_model_names_in_management_routes(server: LiveServer, name: str,
     assert 400 <= response.status_code < 500, (name, route, response.status_code, response.text)
     assert "error" in response.json()
     assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
+
+
+def test_an_internal_error_is_one_500_logged_once_and_the_connection_stays_usable(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from layerserve.protocols import v2
+
+    encode = v2.encode_infer_response
+
+    def fail_on_request_id(*args: Any, **kwargs: Any) -> tuple[bytes, int | None]:
+        if args[2].id == "inject-fault":
+            raise RuntimeError("an injected fault with engine internals")
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(v2, "encode_infer_response", fail_on_request_id)
+    url = f"{server.url}/v2/models/mlp/infer"
+    ports = set()
+    with caplog.at_level(logging.ERROR), httpx.Client() as client:
+        good = client.post(url, json={"inputs": [X]})
+        ports.add(good.extensions["network_stream"].get_extra_info("client_addr"))
+        failed = client.post(url, json={"id": "inject-fault", "inputs": [X]})
+        after = client.post(url, json={"inputs": [X]})
+        ports.add(after.extensions["network_stream"].get_extra_info("client_addr"))
+    assert good.status_code == 200 and after.status_code == 200, (good.text, after.text)
+    assert failed.status_code == 500 and failed.headers.get("connection") != "close"
+    (message,) = failed.json().values()
+    assert re.fullmatch(r"internal error [0-9a-f]{12}", message), message
+    assert len(ports) == 1  # the same kept-alive connection answered before and after the 500
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and message.split()[-1] in errors[0].getMessage(), [r.getMessage() for r in errors]
+    assert errors[0].exc_info is not None and "injected fault" in str(errors[0].exc_info[1])

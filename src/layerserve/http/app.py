@@ -36,7 +36,12 @@ from layerserve.http import (
     v2_routes,
 )
 from layerserve.http.bodies import JSONResponse
-from layerserve.http.middleware import AuthMiddleware, ObserveMiddleware
+from layerserve.http.middleware import (
+    AuthMiddleware,
+    InternalErrorMiddleware,
+    ObserveMiddleware,
+    log_internal_error,
+)
 from layerserve.images import ImageDecoder
 from layerserve.job_store import Job
 from layerserve.jobs import JobRunner, OnVersion
@@ -53,6 +58,8 @@ SETTINGS_VARIABLE = "LAYERSERVE_WORKER_SETTINGS"  # the settings of worker proce
 
 async def _layerserve_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, LayerserveError)
+    if error.status_code == 500:  # ours, but not the client's fault: a bug, answered like any other
+        return JSONResponse({"error": log_internal_error(request.scope, error)}, status_code=500)
     headers = {"Retry-After": "1"} if error.status_code == 503 else None
     return JSONResponse({"error": error.message}, status_code=error.status_code, headers=headers)
 
@@ -61,11 +68,6 @@ async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     message = f"no route {request.method} {request.url.path}" if error.status_code in (404, 405) else error.detail
     return JSONResponse({"error": message}, status_code=error.status_code)
-
-
-async def _unexpected_error(request: Request, error: Exception) -> Response:
-    log.exception("internal error on %s %s", request.method, request.url.path)
-    return JSONResponse({"error": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
 
 
 def _open_jobs(settings: Settings, on_version: OnVersion) -> tuple[JobRunner | None, str]:
@@ -157,7 +159,10 @@ def create_app(settings: Settings) -> Starlette:
             decode_pool.shutdown(wait=False, cancel_futures=True)
             await wait_closed(cache_backend)
 
-    middleware = [Middleware(ObserveMiddleware, log_requests=settings.access_log)]
+    middleware = [
+        Middleware(ObserveMiddleware, log_requests=settings.access_log),
+        Middleware(InternalErrorMiddleware),
+    ]
     if settings.admin_token or settings.api_token:
         middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
     app = Starlette(
@@ -176,7 +181,6 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers={
             LayerserveError: _layerserve_error,
             HTTPException: _http_error,
-            Exception: _unexpected_error,
         },
     )
     app.state.settings = settings

@@ -1,10 +1,11 @@
-"""ASGI middleware: bearer-token auth, and request metrics with the access log."""
+"""ASGI middleware: the boundary of unexpected errors, bearer-token auth, and request metrics with the access log."""
 
 from __future__ import annotations
 
 import hmac
 import logging
 import re
+import secrets
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from layerserve.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS, SERVED_BY
 from layerserve.version import HELD_BY_REQUEST, ModelVersion
 
 access_log = logging.getLogger("layerserve.access")
+log = logging.getLogger(__name__)
 
 _MANAGEMENT = re.compile(
     r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)"
@@ -29,6 +31,45 @@ async def _refuse(send: Send, status: int, message: str) -> None:
         headers.append((b"www-authenticate", b'Bearer realm="layerserve"'))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def log_internal_error(scope: Scope, error: BaseException) -> str:
+    """Log an unexpected error once, with its traceback, under a new id; returns the client's message."""
+    error_id = secrets.token_hex(6)
+    log.error("internal error %s on %s %s", error_id, scope.get("method"), scope.get("path"), exc_info=error)
+    return f"internal error {error_id}"
+
+
+class InternalErrorMiddleware:
+    """The one boundary of unexpected exceptions: a 500 `{"error": "internal error <id>"}`, logged once.
+
+    Nothing is re-raised, so the server keeps the kept-alive connection open (Starlette's own last handler
+    re-raises after answering, which makes uvicorn log the error again and drop the connection). An error
+    after the answer began cannot be answered: it is logged and the connection is closed by the server.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on; answer 500 for whatever escapes it."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_and_see(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_see)
+        except Exception as error:
+            message = log_internal_error(scope, error)
+            if not started:
+                await _refuse(send, 500, message)
 
 
 def _bearer(scope: Scope) -> bytes | None:
