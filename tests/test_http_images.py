@@ -152,6 +152,23 @@ def test_v2_bytes_images_and_classification_extension(demo_server: LiveServer) -
     assert int(np.argmax(answer["outputs"][0]["data"])) == 285
 
 
+def test_classification_of_a_layer_has_no_labels_of_another_output(demo_server: LiveServer) -> None:
+    raw = photo("chelsea.png")
+    url = f"{demo_server.url}/v2/models/efficientnet_lite0/infer"
+    image = {"name": "image", "shape": [1, 1], "datatype": "BYTES", "data": [base64.b64encode(raw).decode()]}
+    plain = httpx.post(url, content=orjson.dumps({"inputs": [image], "outputs": [{"name": "avg_pool"}]})).json()
+    pooled = np.array(plain["outputs"][0]["data"], dtype=np.float32)
+    assert pooled.shape == (1280,)
+    body = {"inputs": [image], "outputs": [{"name": "avg_pool", "parameters": {"classification": 3}}]}
+    answer = httpx.post(url, content=orjson.dumps(body))
+    assert answer.status_code == 200, answer.text
+    entries = answer.json()["outputs"][0]["data"]
+    best = np.argsort(-pooled, kind="stable")[:3]
+    assert [entry.split(":")[1] for entry in entries] == [str(i) for i in best]
+    assert all(len(entry.split(":")) == 2 for entry in entries)  # Triton's score:index, no ImageNet names
+    assert [float(entry.split(":")[0]) for entry in entries] == pytest.approx(pooled[best].tolist(), rel=1e-5)
+
+
 @pytest.mark.parametrize(
     ("content", "media_type", "status", "message"),
     [

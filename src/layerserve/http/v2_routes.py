@@ -97,7 +97,9 @@ async def infer(request: Request) -> Response:
     inputs = await version.decode_encoded(parsed.inputs, request.app.state.decoder)
     requested = tuple(output.name for output in parsed.outputs)
     outputs = await version.predict(inputs, requested, parsed.timeout_ms, parsed.use_cache)
-    content, header_length = v2.encode_infer_response(version.name, version.version, parsed, outputs, version.labels)
+    content, header_length = v2.encode_infer_response(
+        version.name, version.version, parsed, outputs, version.labels, version.classify_output
+    )
     if header_length is None:
         return Response(content, media_type="application/json")
     headers = {"Inference-Header-Content-Length": str(header_length)}

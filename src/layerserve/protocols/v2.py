@@ -275,10 +275,13 @@ def _json_data(array: Array) -> Any:
 
 
 def classification_strings(scores: Array, labels: list[str] | None, k: int) -> Array:
-    """The classification extension's BYTES tensor: per row, the k best as `score:index[:label]`."""
+    """The classification extension's BYTES tensor: per row, the k best as `score:index[:label]` (a label only
+    where `labels` names that index)."""
     rows = []
     for row in top_k(scores, labels, k):
-        rows.append([f"{c['score']:f}:{c['index']}" + (f":{c['label']}" if labels else "") for c in row])
+        rows.append(
+            [f"{c['score']:f}:{c['index']}" + (f":{c['label']}" if labels and c["index"] < len(labels) else "") for c in row]
+        )
     strings = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)
     strings[:] = [[text.encode("utf-8") for text in row] for row in rows]
     return strings
@@ -290,14 +293,20 @@ def encode_infer_response(
     request: InferRequest,
     outputs: dict[str, Array],
     labels: list[str] | None = None,
+    labelled_output: str | None = None,
 ) -> tuple[bytes, int | None]:
-    """Encode a V2 response; returns the body and the JSON header's length when binary data follows."""
+    """Encode a V2 response; returns the body and the JSON header's length when binary data follows.
+
+    `labels` name the classes of `labelled_output` only (the model's classify output): the classification of
+    any other output or layer is Triton's plain `score:index`.
+    """
     requested = request.outputs or tuple(RequestedOutput(name, None) for name in outputs)
     entries, tails = [], []
     for wanted in requested:
         array = outputs[wanted.name]
         if wanted.classification is not None:
-            array = classification_strings(array, labels, wanted.classification)
+            own_labels = labels if wanted.name == labelled_output else None
+            array = classification_strings(array, own_labels, wanted.classification)
         entry: dict[str, Any] = {
             "name": wanted.name,
             "datatype": datatype_of(array.dtype),
