@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from layerserve.batcher import Batcher, QueueBudget
-from layerserve.errors import DeadlineExceededError, LayerserveError, QueueFullError
+from layerserve.errors import DeadlineExceededError, EngineProcessError, LayerserveError, QueueFullError
 from layerserve.tensors import Array
 
 pytestmark = pytest.mark.anyio
@@ -112,6 +112,69 @@ async def test_errors_reach_every_caller_of_the_batch() -> None:
     merger = Batcher(wrong_rows, ThreadPoolExecutor(1), 8, 0.0, QueueBudget(10), ("m", "1"))
     with pytest.raises(LayerserveError, match=r"shape \[1, 2\] for a batch of 2 rows"):
         await merger.submit(rows(0, 2), None)
+
+
+class PoisonedModel(GatedModel):
+    """A GatedModel whose every call fails when any row holds the marker value, as a bad input fails ORT."""
+
+    MARKER = -1.0
+
+    def __call__(self, arrays: list[Array]) -> list[Array]:
+        results = super().__call__(arrays)
+        if (arrays[0] == self.MARKER).any():
+            raise RuntimeError("Gather node: indices element out of data bounds")
+        return results
+
+
+@pytest.mark.parametrize("bad_count", [1, 2])
+async def test_a_failing_request_fails_alone_and_its_batch_mates_get_their_rows(bad_count: int) -> None:
+    rng = np.random.default_rng(bad_count)
+    for _ in range(10):
+        gate = threading.Event()
+        model = PoisonedModel(gate)
+        merger = batcher(model, max_batch=32)
+        first = asyncio.ensure_future(merger.submit(rows(0, 1), None))
+        await started(model)  # the model thread is busy: the next 25 requests queue up and form one batch
+        sent = [rows(1000 * i, 1) for i in range(24 + bad_count)]
+        bad = set(rng.choice(len(sent), bad_count, replace=False).tolist())
+        for index in bad:
+            sent[index][0][0, 1] = PoisonedModel.MARKER
+        waiting = [asyncio.ensure_future(merger.submit(arrays, None)) for arrays in sent]
+        gate.set()
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        check(await first, rows(0, 1))
+        assert model.calls[:2] == [1, len(sent)]  # one batch of all of them failed, then it was split
+        for index, (result, arrays) in enumerate(zip(results, sent, strict=True)):
+            if index in bad:
+                assert isinstance(result, RuntimeError), result
+            else:
+                assert isinstance(result, list), (index, result)
+                check(result, arrays)
+        assert len(model.calls) <= 2 + 2 * bad_count * int(np.ceil(np.log2(len(sent)))) + 2
+
+
+async def test_an_engine_that_is_gone_fails_the_whole_batch_at_once() -> None:
+    gate = threading.Event()
+    calls: list[int] = []
+    first_started = threading.Event()
+
+    def gone(arrays: list[Array]) -> list[Array]:
+        calls.append(arrays[0].shape[0])
+        if len(calls) == 1:
+            first_started.set()
+            gate.wait(timeout=30)
+            return [arrays[0] * 2, arrays[0].sum(axis=1)]
+        raise EngineProcessError("the engine process of model m version 1 was killed by SIGKILL")
+
+    merger = Batcher(gone, ThreadPoolExecutor(1), 8, 0.0, QueueBudget(10), ("m", "1"))
+    first = asyncio.ensure_future(merger.submit(rows(0, 1), None))
+    await asyncio.get_running_loop().run_in_executor(None, first_started.wait, 30)
+    waiting = [asyncio.ensure_future(merger.submit(rows(0, 1), None)) for _ in range(4)]
+    gate.set()
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    check(await first, rows(0, 1))
+    assert all(isinstance(r, EngineProcessError) for r in results), results
+    assert calls == [1, 4]  # not split and run again
 
 
 async def test_queue_full_is_503() -> None:

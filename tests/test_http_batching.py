@@ -124,3 +124,47 @@ def test_queue_full_is_503_and_deadline_is_504(gated: tuple[LiveServer, GatedEng
         engine.gate.set()
         assert blocker.result().status_code == 200
         assert http.get("/v2/health/live").status_code == 200
+
+
+def _multi_body(features: np.ndarray, tokens: np.ndarray, outputs: tuple[str, ...] = ()) -> bytes:
+    body: dict[str, object] = {
+        "inputs": [
+            {"name": "features", "shape": list(features.shape), "datatype": "FP32", "data": features},
+            {"name": "tokens", "shape": list(tokens.shape), "datatype": "INT32", "data": tokens},
+        ]
+    }
+    if outputs:
+        body["outputs"] = [{"name": name} for name in outputs]
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@pytest.mark.parametrize("bad_token", [10, 1073, -1])
+def test_a_token_past_the_vocabulary_fails_alone_and_its_batch_mates_equal_keras(
+    server: LiveServer, repository: Path, bad_token: int
+) -> None:
+    reference = load_reference(repository, "multi", 1)
+    rng = np.random.default_rng(bad_token % 97)
+    url = f"{server.url}/v2/models/multi/infer"
+    with httpx.Client(timeout=60) as client, ThreadPoolExecutor(25) as pool:
+        for _ in range(10):
+            features = rng.normal(size=(25, 1, 4)).astype(np.float32)
+            tokens = rng.integers(0, 10, size=(25, 1, 3)).astype(np.int32)
+            culprit = int(rng.integers(25))
+            tokens[culprit, 0, 2] = bad_token
+            bodies = [_multi_body(features[i], tokens[i]) for i in range(25)]
+            answers = list(pool.map(lambda body: client.post(url, content=body), bodies))
+            for index, answer in enumerate(answers):
+                if index == culprit:
+                    assert answer.status_code == 400, answer.text
+                    message = answer.json()["error"]
+                    assert f"input 'tokens': value {bad_token} at position [0, 2]" in message, message
+                    assert "Embedding 'embedding' of 10 rows" in message and "from 0 to 9" in message, message
+                    continue
+                assert answer.status_code == 200, (index, answer.text)
+                outputs = {o["name"]: np.array(o["data"], np.float32) for o in answer.json()["outputs"]}
+                expected = reference([features[index], tokens[index]])
+                np.testing.assert_allclose(outputs["regression"], np.ravel(expected[0]), atol=1e-5)
+                np.testing.assert_allclose(outputs["probs"], np.ravel(expected[1]), atol=1e-5)
+        tokens = np.array([[1, 2, bad_token]], np.int32)
+        cut = client.post(url, content=_multi_body(np.zeros((1, 4), np.float32), tokens, ("embedding",)))
+        assert cut.status_code == 400 and "input 'tokens'" in cut.json()["error"], cut.text

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layerserve import metrics
-from layerserve.errors import DeadlineExceededError, LayerserveError, QueueFullError
+from layerserve.errors import DeadlineExceededError, EngineProcessError, LayerserveError, QueueFullError
 from layerserve.tensors import Array
 
 RunBatch = Callable[[list[Array]], list[Array]]
@@ -40,7 +40,7 @@ class Batcher:
 
     A batch is sent when the model thread is free and either the queue holds a full batch or the
     oldest request has waited `max_delay_s` (0: at once). A request larger than `max_batch_size`
-    runs alone. Every caller gets exactly its own rows back, or the error of its batch. With
+    runs alone. Every caller gets exactly its own rows back, or the error its own rows cause. With
     `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
     thread would cost more than the call.
     """
@@ -65,6 +65,7 @@ class Batcher:
         self._batch_size_metric = metrics.BATCH_SIZE.labels(*labels)
         self._queue_metric = metrics.QUEUE_SECONDS.labels(*labels)
         self._compute_metric = metrics.COMPUTE_SECONDS.labels(*labels)
+        self._isolations_metric = metrics.BATCH_ISOLATIONS.labels(*labels)
         self._queue: deque[_Pending] = deque()
         self._rows = 0
         self._full = asyncio.Event()
@@ -145,27 +146,46 @@ class Batcher:
         started = time.perf_counter()
         for pending in batch:
             self._queue_metric.observe(started - pending.enqueued)
-        sizes = [p.rows for p in batch]
-        self._batch_size_metric.observe(sum(sizes))
-        joined = [np.concatenate(parts) for parts in zip(*(p.arrays for p in batch), strict=True)]
-        loop = asyncio.get_running_loop()
+        self._batch_size_metric.observe(sum(p.rows for p in batch))
         try:
-            arrays = joined if len(batch) > 1 else batch[0].arrays
-            if self._is_inline:
-                outputs = self._run(arrays)
-            else:
-                outputs = await loop.run_in_executor(self._thread, self._run, arrays)
-            split = _split(outputs, sizes)
-        except Exception as error:  # every caller of the batch gets the same error
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
-            return
+            await self._answer(batch)
         finally:
             self._compute_metric.observe(time.perf_counter() - started)
+
+    async def _answer(self, batch: list[_Pending]) -> None:
+        """Run one batch and give every caller its rows. If the call fails, the batch is split in halves and
+        each half run again, so that only the request(s) that fail alone get the error: one bad request never
+        fails the others it was batched with. An error that says the engine itself is gone fails them all."""
+        try:
+            split = await self._call(batch)
+        except Exception as error:
+            if len(batch) == 1 or isinstance(error, EngineProcessError):
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(error)
+                return
+            self._isolations_metric.inc()
+            middle = len(batch) // 2
+            for half in (batch[:middle], batch[middle:]):
+                live = [p for p in half if not p.future.done()]  # callers past their deadline are not re-run
+                if live:
+                    await self._answer(live)
+            return
         for pending, rows in zip(batch, split, strict=True):
             if not pending.future.done():
                 pending.future.set_result(rows)
+
+    async def _call(self, batch: list[_Pending]) -> list[list[Array]]:
+        """One model call for the batch (concatenated along axis 0); each caller's rows of the outputs."""
+        if len(batch) > 1:
+            arrays = [np.concatenate(parts) for parts in zip(*(p.arrays for p in batch), strict=True)]
+        else:
+            arrays = batch[0].arrays
+        if self._is_inline:
+            outputs = self._run(arrays)
+        else:
+            outputs = await asyncio.get_running_loop().run_in_executor(self._thread, self._run, arrays)
+        return _split(outputs, [p.rows for p in batch])
 
 
 def _expire(pending: _Pending) -> None:

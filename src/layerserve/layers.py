@@ -23,6 +23,7 @@ class LayerInfo:
     class_name: str
     outputs: tuple[TensorSpec, ...]
     inbound: tuple[str, ...]
+    input_dim: int | None = None  # an Embedding's vocabulary: its integer input must lie in [0, input_dim)
 
     def to_dict(self) -> dict[str, Any]:
         """The `/layers` form."""
@@ -37,13 +38,18 @@ class LayerInfo:
     def to_record(self) -> dict[str, Any]:
         """The stored form (see layerserve.prepare)."""
         outputs = [spec.to_dict() for spec in self.outputs]
-        return {"name": self.name, "class_name": self.class_name, "outputs": outputs, "inbound": list(self.inbound)}
+        record = {"name": self.name, "class_name": self.class_name, "outputs": outputs, "inbound": list(self.inbound)}
+        return record if self.input_dim is None else {**record, "input_dim": self.input_dim}
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> LayerInfo:
         """Read the stored form."""
         outputs = tuple(TensorSpec.from_dict(spec) for spec in data["outputs"])
-        return cls(str(data["name"]), str(data["class_name"]), outputs, tuple(data["inbound"]))
+        input_dim = data.get("input_dim")
+        return cls(
+            str(data["name"]), str(data["class_name"]), outputs, tuple(data["inbound"]),
+            None if input_dim is None else int(input_dim),
+        )  # fmt: skip
 
 
 def _graph_of(model: Any) -> Any:
@@ -65,7 +71,9 @@ class _Replay:
         self.names: dict[int, str] = {}
         self.layers: list[LayerInfo] = []
 
-    def _register(self, name: str, class_name: str, outputs: list[Any], inbound: tuple[str, ...]) -> None:
+    def _register(
+        self, name: str, class_name: str, outputs: list[Any], inbound: tuple[str, ...], input_dim: int | None = None
+    ) -> None:
         if name in self.tensors or f"{name}:0" in self.tensors:
             return  # a shared layer called again: its first call names it
         names = [name] if len(outputs) == 1 else [f"{name}:{i}" for i in range(len(outputs))]
@@ -73,7 +81,7 @@ class _Replay:
             self.tensors[tensor_name] = tensor
             self.names.setdefault(id(tensor), tensor_name)
         specs = tuple(_spec(n, t) for n, t in zip(names, outputs, strict=True))
-        self.layers.append(LayerInfo(name, class_name, specs, inbound))
+        self.layers.append(LayerInfo(name, class_name, specs, inbound, input_dim))
 
     def run(self, graph: Any, inputs: list[Any], prefix: str) -> list[Any]:
         """Replay `graph` on `inputs`; returns the new tensors standing for its outputs."""
@@ -95,7 +103,8 @@ class _Replay:
                     outputs = keras.tree.flatten(operation(*args, **kwargs))
                 for old, new in zip(node.outputs, outputs, strict=True):
                     values[id(old)] = new
-                self._register(f"{prefix}{operation.name}", type(operation).__name__, outputs, inbound)
+                input_dim = getattr(operation, "input_dim", None) if type(operation).__name__ == "Embedding" else None
+                self._register(f"{prefix}{operation.name}", type(operation).__name__, outputs, inbound, input_dim)
         return [values[id(x)] for x in keras.tree.flatten(graph.outputs)]
 
 
@@ -157,6 +166,18 @@ class LayerGraph:
             replay.names.setdefault(id(tensor), spec.name)
         self.layers, self._tensors, self._names = replay.layers, replay.tensors, replay.names
         self._specs.update({spec.name: spec for layer in self.layers for spec in layer.outputs})
+
+    def index_ranges(self) -> dict[str, tuple[int, str]]:
+        """Tensor name -> (the vocabulary size, the Embedding layer) for every tensor that feeds an Embedding: its
+        values must lie in [0, size). A tensor feeding several Embeddings gets the smallest."""
+        ranges: dict[str, tuple[int, str]] = {}
+        for layer in self.layers:
+            if layer.input_dim is None:
+                continue
+            for name in layer.inbound:
+                if name and (name not in ranges or layer.input_dim < ranges[name][0]):
+                    ranges[name] = (layer.input_dim, layer.name)
+        return ranges
 
     @property
     def names(self) -> list[str]:

@@ -24,6 +24,11 @@ QUEUE_SECONDS = Histogram(
 COMPUTE_SECONDS = Histogram(
     "layerserve_compute_seconds", "Time of one batched model call.", _LABELS, buckets=_SECONDS_BUCKETS
 )
+BATCH_ISOLATIONS = Counter(
+    "layerserve_batch_isolations",
+    "Batched calls that failed and were split and run again so that only the failing requests got the error.",
+    _LABELS,
+)
 
 _CACHE_LABELS = ("model", "backend")
 CACHE_HITS = Counter("layerserve_cache_hits", "Output rows served from the feature cache.", _CACHE_LABELS)

@@ -28,7 +28,7 @@ from layerserve.tensors import TensorSpec
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 1
+_FORMAT = 2  # 2: Embedding layers record their input_dim
 _NICENESS = 10
 _KEPT_PREPARATIONS = 64
 T = TypeVar("T")

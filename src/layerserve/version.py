@@ -20,6 +20,7 @@ from layerserve.cuts import CutCache
 from layerserve.engine import Engine, KerasEngine, Verdict, choose_engine, onnx_cache_path, probe_batch
 from layerserve.engine_process import model_file_digest
 from layerserve.errors import (
+    BadRequestError,
     EngineProcessError,
     LayerserveError,
     ModelLoadError,
@@ -97,6 +98,7 @@ class ModelVersion:
     _is_fast: bool = False
     _in_flight: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _index_ranges: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def is_ready(self) -> bool:
@@ -154,6 +156,7 @@ class ModelVersion:
             warmup_rows=self.config.warmup_batch_size,
         )  # fmt: skip
         self.engine, self.engine_reason = choice.engine, choice.reason
+        self._index_ranges = self.graph.index_ranges()
         self._configure_batching(settings)
         self._is_fast = self._warm_up(settings.inline_max_ms / 1000)
         cut_settings = settings.model_copy(update={"engine": engine_choice})
@@ -298,6 +301,7 @@ class ModelVersion:
             DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
             BadRequestError: a cut whose outputs need a tensor the request does not give.
         """
+        self._check_indices(inputs)
         wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
@@ -312,6 +316,25 @@ class ModelVersion:
             for index, row in zip(misses, fresh, strict=True):
                 rows[index] = row
         return {name: np.stack([row[k] for row in rows if row is not None]) for k, name in enumerate(wanted)}
+
+    def _check_indices(self, inputs: dict[str, Array]) -> None:
+        """Values that index an Embedding must lie in [0, its input_dim): checked before batching, so that one
+        bad request never reaches (and fails) a batch shared with others.
+
+        Raises:
+            BadRequestError: naming the input, the first bad position and value, and the valid range.
+        """
+        for name, (size, layer) in self._index_ranges.items():
+            array = inputs.get(name)
+            if array is None or array.dtype.kind not in "iuf" or array.size == 0:
+                continue
+            if array.min() >= 0 and array.max() < size:
+                continue
+            position = tuple(int(i) for i in np.argwhere((array < 0) | (array >= size) | np.isnan(array))[0])
+            raise BadRequestError(
+                f"input '{name}': value {array[position]} at position {list(position)} is out of range: it indexes "
+                f"Embedding '{layer}' of {size} rows, so values must be integers from 0 to {size - 1}"
+            )
 
     async def image_output(
         self, payloads: list[bytes], output: str, decoder: ImageDecoder, use_cache: bool = True, pool: str = ""
