@@ -277,11 +277,10 @@ def _json_data(array: Array) -> Any:
 def classification_strings(scores: Array, labels: list[str] | None, k: int) -> Array:
     """The classification extension's BYTES tensor: per row, the k best as `score:index[:label]` (a label only
     where `labels` names that index)."""
+    count = len(labels) if labels else 0
     rows = []
     for row in top_k(scores, labels, k):
-        rows.append(
-            [f"{c['score']:f}:{c['index']}" + (f":{c['label']}" if labels and c["index"] < len(labels) else "") for c in row]
-        )
+        rows.append([f"{c['score']:f}:{c['index']}" + (f":{c['label']}" if c["index"] < count else "") for c in row])
     strings = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)
     strings[:] = [[text.encode("utf-8") for text in row] for row in rows]
     return strings
