@@ -153,10 +153,13 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
     process = _serve(repo, tmp_path / "cache", port, "--workers", "2", "--reload-interval-s", "0.5")
     try:
         seen_live = _wait_ready(url, process, _log(repo))
-        # Loading took longer than uvicorn's 5 s worker health check, and the workers kept answering live.
-        assert seen_live and set(seen_live) == {200}
-        text = httpx.get(f"{url}/metrics").text
-        assert len(set(re.findall(r'layerserve_process_cpu_seconds\{pid="(\d+)"\}', text))) == 2
+        # A worker accepts connections only once loaded: liveness waited or answered 200, never anything else.
+        assert set(seen_live) <= {200}
+        # From the first 200 of readiness on, every worker has loaded: no request meets one still loading.
+        statuses = _load_for(url, seconds=4.0)
+        assert statuses and set(statuses) == {200}, statuses
+        pids = _worker_pids(url)
+        assert len(pids) == 2
         for _ in range(20):  # each worker runs EfficientNet in an engine process of its own
             with httpx.Client() as client:
                 reason = client.get(f"{url}/v2/models/efficientnet_lite0").json()["engine_reason"]
@@ -175,9 +178,75 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
         )
         assert served and float(served[0]) == 40  # summed over both workers
         _jobs_are_shared_by_workers(url)
+        _a_killed_worker_is_replaced_without_503s(url, pids)
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
+
+
+def _worker_pids(url: str) -> set[str]:
+    text = httpx.get(f"{url}/metrics").text
+    return set(re.findall(r'layerserve_process_cpu_seconds\{pid="(\d+)"\}', text))
+
+
+_TOKENS = {"inputs": [{"name": "tokens", "shape": [1, 64], "datatype": "INT32", "data": list(range(1, 65))}]}
+
+
+def _load_for(url: str, seconds: float, clients: int = 4, stop: threading.Event | None = None) -> list[int | str]:
+    """Closed-loop clients (kept-alive connections, one per client) on the token classifier for `seconds` or
+    until `stop`; every answer's status, or the transport error's name."""
+    statuses: list[int | str] = []
+    deadline = time.monotonic() + seconds
+
+    def client_loop() -> None:
+        client = httpx.Client(timeout=30)
+        while time.monotonic() < deadline and not (stop and stop.is_set()):
+            try:
+                statuses.append(client.post(f"{url}/v2/models/token_classifier/infer", json=_TOKENS).status_code)
+            except httpx.TransportError as error:
+                statuses.append(type(error).__name__)
+                client.close()
+                client = httpx.Client(timeout=30)
+        client.close()
+
+    threads = [threading.Thread(target=client_loop) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses
+
+
+def _a_killed_worker_is_replaced_without_503s(url: str, pids: set[str]) -> None:
+    """SIGKILL one worker under load: only requests in flight on it fail, none is answered 503 (its replacement
+    takes connections once loaded), and readiness returns once the replacement has loaded."""
+    stop = threading.Event()
+    statuses: list[int | str] = []
+    loader = threading.Thread(target=lambda: statuses.extend(_load_for(url, 120.0, stop=stop)))
+    loader.start()
+    time.sleep(1.0)
+    victim = int(sorted(pids)[0])
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    readiness: list[int] = []
+    deadline = killed_at + 120
+    while time.monotonic() < deadline:
+        readiness.append(httpx.get(f"{url}/v2/health/ready", timeout=10).status_code)
+        new_pids = _worker_pids(url)
+        if readiness[-1] == 200 and len(new_pids) == 2 and str(victim) not in new_pids:
+            break
+        time.sleep(0.2)
+    back_after = time.monotonic() - killed_at
+    time.sleep(2.0)  # requests keep flowing once the replacement serves
+    stop.set()
+    loader.join()
+    failed = [s for s in statuses if s != 200]
+    print(f"worker killed: {len(statuses)} requests, {len(failed)} failed {sorted(set(map(str, failed)))}, "
+          f"ready again after {back_after:.1f} s (readiness answers: {sorted(set(readiness))})")  # fmt: skip
+    assert readiness[-1] == 200 and str(victim) not in _worker_pids(url), readiness
+    assert 503 not in statuses
+    assert len(failed) <= 4 and all(isinstance(s, str) for s in failed), failed  # at most one per client
+    assert statuses.count(200) > 100
 
 
 def _jobs_are_shared_by_workers(url: str) -> None:

@@ -55,6 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from layerserve.gpu import apply_settings
     from layerserve.http.app import SETTINGS_VARIABLE, create_app
+    from layerserve.worker_board import FOLDER_VARIABLE
 
     settings = _settings(args, model_repository=args.repository)
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
@@ -73,14 +74,18 @@ def _serve(args: argparse.Namespace) -> int:
         uvicorn.run(create_app(settings), **options)
         return 0
     # Each worker is a new process that builds the app and loads the models itself (nothing is loaded
-    # here, before the workers start); their metrics are kept in files that /metrics sums.
+    # here, before the workers start); their metrics are kept in files that /metrics sums, and their
+    # readiness on a board of files (uvicorn restarts a worker that dies, and the new one loads again).
     metrics_dir = tempfile.mkdtemp(prefix="layerserve-metrics-")
+    board_dir = tempfile.mkdtemp(prefix="layerserve-workers-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    os.environ[FOLDER_VARIABLE] = board_dir
     os.environ[SETTINGS_VARIABLE] = settings.model_dump_json()
     try:
         uvicorn.run("layerserve.http.app:app_from_environment", factory=True, workers=settings.workers, **options)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        shutil.rmtree(board_dir, ignore_errors=True)
     return 0
 
 

@@ -67,6 +67,10 @@ class ModelRegistry:
         """Whether every model that should load has settled (READY or FAILED)."""
         return self._settled.is_set()
 
+    async def wait_settled(self) -> None:
+        """Return once every model that should load has settled."""
+        await self._settled.wait()
+
     @property
     def models(self) -> dict[str, ModelEntry]:
         """Model name -> entry."""

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from types import FrameType
@@ -50,6 +51,7 @@ from layerserve.metrics import sample_process
 from layerserve.registry import ModelRegistry
 from layerserve.reloader import Reloader
 from layerserve.settings import Settings
+from layerserve.worker_board import FOLDER_VARIABLE, WorkerBoard
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +111,16 @@ def app_from_environment() -> Starlette:
     settings = Settings.model_validate_json(os.environ[SETTINGS_VARIABLE])
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
     apply_settings(settings)
-    return create_app(settings)
+    return create_app(settings, WorkerBoard(Path(os.environ[FOLDER_VARIABLE]), settings.workers))
 
 
-def create_app(settings: Settings) -> Starlette:
-    """The ASGI app serving `settings.model_repository`; models load in the background at start-up."""
+def create_app(settings: Settings, board: WorkerBoard | None = None) -> Starlette:
+    """The ASGI app serving `settings.model_repository`; models load in the background at start-up.
+
+    Alone, the server answers at once and turns ready once its models have settled. As one of several workers
+    (`board`), it accepts connections only once its own models have settled, so that no request reaches a
+    worker still loading, and it is ready once every worker is.
+    """
     cache_backend: CacheBackend = (
         RedisBackend(settings.redis_url, settings.redis_timeout_ms / 1000)
         if settings.redis_url
@@ -147,9 +154,14 @@ def create_app(settings: Settings) -> Starlette:
         syncing = asyncio.create_task(keep_in_sync())
         sampling = asyncio.create_task(_sample_process_forever())
         app.state.jobs, app.state.jobs_error = _open_jobs(settings, serve_new_version)
+        if board is not None:  # uvicorn starts accepting connections once the lifespan has started
+            await registry.wait_settled()
+            board.mark_ready()
         try:
             yield
         finally:
+            if board is not None:
+                board.withdraw()
             if app.state.jobs is not None:
                 await app.state.jobs.close()
             syncing.cancel()
@@ -186,6 +198,7 @@ def create_app(settings: Settings) -> Starlette:
     app.state.settings = settings
     app.state.draining = threading.Event()
     app.state.registry = registry
+    app.state.board = board
     app.state.reloader = reloader
     app.state.decoder = ImageDecoder(decode_pool, settings.max_image_pixels)
     app.state.features = FeatureStore(store_backend, settings.cache_key_prefix)

@@ -45,8 +45,14 @@ async def live(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    """GET /v2/health/ready: 200 once every model has settled, else 503 (also once shutdown began)."""
-    is_ready = _registry(request).is_ready and not request.app.state.draining.is_set()
+    """GET /v2/health/ready: 200 once every model has settled (in every worker), else 503 (also once shutdown
+    began)."""
+    board = request.app.state.board
+    is_ready = (
+        _registry(request).is_ready
+        and not request.app.state.draining.is_set()
+        and (board is None or board.is_ready())
+    )
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 
