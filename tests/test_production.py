@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,6 +180,7 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
         assert served and float(served[0]) == 40  # summed over both workers
         _jobs_are_shared_by_workers(url)
         _a_killed_worker_is_replaced_without_503s(url, pids)
+        _a_new_version_reaches_both_workers_without_503s(url, demo_repository, repo)
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
@@ -249,6 +251,26 @@ def _a_killed_worker_is_replaced_without_503s(url: str, pids: set[str]) -> None:
     assert statuses.count(200) > 100
 
 
+def _a_new_version_reaches_both_workers_without_503s(url: str, demo: Path, repo: Path) -> None:
+    """A new version folder under load: each worker loads it beside the old one; no answer is a 503."""
+    stop = threading.Event()
+    statuses: list[int | str] = []
+    loader = threading.Thread(target=lambda: statuses.extend(_load_for(url, 120.0, stop=stop)))
+    loader.start()
+    shutil.copytree(demo / "token_classifier" / "1", repo / "token_classifier" / "2")
+    deadline, served = time.monotonic() + 90, set()
+    while time.monotonic() < deadline and served != {"2"}:
+        served = set()
+        for _ in range(10):  # new connections, spread over both workers
+            with httpx.Client() as client:
+                served.add(client.post(f"{url}/v2/models/token_classifier/infer", json=_TOKENS).json()["model_version"])
+        time.sleep(0.2)
+    stop.set()
+    loader.join()
+    assert served == {"2"}
+    assert statuses and set(statuses) == {200}, sorted(set(map(str, statuses)))
+
+
 def _jobs_are_shared_by_workers(url: str) -> None:
     """A job started through one worker is seen, and cancelled, through any (new connections each time)."""
     texts, labels = english_reviews(1000)
@@ -265,7 +287,9 @@ def _jobs_are_shared_by_workers(url: str) -> None:
         time.sleep(0.2)
     for _ in range(4):  # whichever worker takes the cancel, the job ends cancelled
         with httpx.Client() as client:
-            job = client.post(f"{url}/v2/jobs/{job_id}/cancel", timeout=60).json()
+            answer = client.post(f"{url}/v2/jobs/{job_id}/cancel", timeout=60)
+            assert answer.status_code == 200, answer.text
+            job = answer.json()
         if job["state"] == "cancelled":
             break
     assert job["state"] == "cancelled" and job["model_version"] is None, job
