@@ -90,6 +90,14 @@ class ModelRegistry:
         except KeyError:
             raise NotFoundError(f"unknown model '{name}'; models: {', '.join(self._models) or 'none'}") from None
 
+    def label_version(self, name: str, label: str) -> int:
+        """The version a label of the model's `version_labels` names.
+
+        Raises:
+            NotFoundError: unknown model, or no such label (the message lists the known ones).
+        """
+        return self.entry(name).spec.config.version_for_label(name, label)
+
     def get(self, name: str, version: int | None = None) -> ModelVersion:
         """The requested version (the active one when `version` is None), READY.
 

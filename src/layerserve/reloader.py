@@ -131,6 +131,21 @@ class Reloader:
             log.info("model %s: version %d applied (pinned)", name, number)
             return version
 
+    async def apply_label(self, name: str, label: str) -> ModelVersion:
+        """Pin the version a label of the model's config.yaml names (read now), as `apply` does; the pin is
+        that version number: a later change of the label does not move it.
+
+        Raises:
+            NotFoundError: no such model, label or version folder.
+            LoadFailedError: the version cannot be loaded.
+            RepositoryWriteError: the pin cannot be written.
+        """
+        check_model_name(name)
+        if not (self._repository / name).is_dir():
+            raise NotFoundError(f"unknown model '{name}': no folder of that name in the repository")
+        spec = scan_model(self._repository / name)
+        return await self.apply(name, spec.config.version_for_label(name, label))
+
     async def unpin(self, name: str) -> ModelEntry:
         """Drop the pin: the newest loaded version is active again, and the policy applies.
 

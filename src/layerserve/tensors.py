@@ -143,7 +143,7 @@ def array_from_json(data: Any, dtype: np.dtype[Any], what: str) -> Array:
     if values.size == 0:
         return values.astype(dtype)
     if dtype.kind == "b" and kind != "b":
-        raise BadRequestError(f"{what}: expected true/false values for BOOL, got {values.dtype.name} data")
+        raise BadRequestError(f"{what}: expected true/false values for BOOL, got {_kind_name(kind)}")
     if dtype.kind in "iu" and kind not in "iu":
         return _big_integers(data, dtype, kind, what)
     if dtype.kind == "f" and kind not in "fiu":
@@ -171,8 +171,20 @@ def _big_integers(data: Any, dtype: np.dtype[Any], kind: str, what: str) -> Arra
     return np.array(values.tolist(), dtype=dtype)
 
 
+_KIND_NAMES = {
+    "b": "true/false values",
+    "i": "integers",
+    "u": "integers",
+    "f": "floating-point numbers",
+    "U": "strings",
+    "S": 'bytes (a {"b64": ...} object)',
+    "O": "mixed values",
+}
+
+
 def _kind_name(kind: str) -> str:
-    return {"b": "booleans", "f": "floating-point numbers", "U": "strings", "O": "mixed values"}.get(kind, "integers")
+    """What JSON data of this numpy kind was, in words (`S`: bytes, which only a `{"b64": ...}` makes)."""
+    return _KIND_NAMES.get(kind, f"data of numpy kind {kind!r}")
 
 
 def _bytes_from_json(data: Any, what: str) -> Array:

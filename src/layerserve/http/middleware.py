@@ -17,8 +17,8 @@ from layerserve.version import HELD_BY_REQUEST, ModelVersion
 access_log = logging.getLogger("layerserve.access")
 
 _MANAGEMENT = re.compile(
-    r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)"
-)  # repository load/unload/index, apply, train, and the jobs routes
+    r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+|/labels/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)"
+)  # repository load/unload/index, apply (by version or label), train, and the jobs routes
 _PUBLIC = re.compile(r"^/v2/health/")
 
 
