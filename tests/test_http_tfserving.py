@@ -125,6 +125,8 @@ def tf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveSe
     tokenizer = Tokenizer(sequence_length=6).fit(TEXTS)
     text = model("text", {1: build_tiny_text(tokenizer.size, 6)}, "input: text\nlabels: labels.txt\n", "neg\npos\n")
     tokenizer.save(text / "1")
+    (repo / "broken").mkdir()
+    (repo / "broken" / "config.yaml").write_text("version_labels: {Stable: 1}\n")
     settings = Settings(model_repository=repo, engine_cache_dir=tmp_path_factory.mktemp("tf-cache"), admin_token=ADMIN)
     live = start_server(settings)
     yield live, repo
@@ -258,6 +260,9 @@ def test_unknown_labels_are_404_naming_the_known_ones(tf_server: tuple[LiveServe
     assert response.status_code == 404 and "labels: none (set version_labels in its config.yaml)" in response.text
     response = predict(live, "/v1/models/labelled/labels/future:predict", {"instances": [[0] * 10]})
     assert response.status_code == 404 and "has no loaded version 9" in response.json()["error"]
+    response = httpx.get(f"{live.url}/v1/models/broken/labels/stable")
+    assert response.status_code == 503 and "config.yaml is invalid" in response.json()["error"]
+    assert "label 'Stable' must match [a-z][a-z0-9_-]*" in response.json()["error"]
 
 
 def test_apply_by_label_pins_the_version_and_needs_the_admin_token(tf_server: tuple[LiveServer, Path]) -> None:
@@ -281,6 +286,10 @@ def test_apply_by_label_pins_the_version_and_needs_the_admin_token(tf_server: tu
     assert unknown.status_code == 404 and "labels: canary, future, stable" in unknown.json()["error"]
     missing = httpx.post(f"{live.url}/v2/models/labelled/labels/future/apply", headers=admin)
     assert missing.status_code == 404 and "no version folder 9" in missing.json()["error"]
+    broken = httpx.post(f"{live.url}/v2/models/broken/labels/stable/apply", headers=admin)
+    assert broken.status_code == 503 and "config.yaml is invalid" in broken.json()["error"]
+    nowhere = httpx.post(f"{live.url}/v2/models/nowhere/labels/stable/apply", headers=admin)
+    assert nowhere.status_code == 404 and "unknown model 'nowhere'" in nowhere.json()["error"]
     bad = httpx.post(f"{live.url}/v2/models/labelled/apply", json={"label": 1}, headers=admin)
     assert bad.status_code == 400 and '{"label": "<label>"}' in bad.json()["error"]
     unpinned = httpx.post(f"{live.url}/v2/models/labelled/apply", json={"version": "latest"}, headers=admin)

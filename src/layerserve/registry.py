@@ -12,7 +12,7 @@ from layerserve.engine_process import stop_idle_processes
 from layerserve.errors import NotFoundError, NotReadyError
 from layerserve.metrics import SERVED_BY
 from layerserve.prepare import Preparer
-from layerserve.repository import ModelSpec
+from layerserve.repository import ModelSpec, label_version
 from layerserve.settings import Settings
 from layerserve.version import ModelVersion, VersionState, hold_for_request
 
@@ -95,8 +95,9 @@ class ModelRegistry:
 
         Raises:
             NotFoundError: unknown model, or no such label (the message lists the known ones).
+            NotReadyError: the model's config.yaml is invalid now, so its labels are unknown.
         """
-        return self.entry(name).spec.config.version_for_label(name, label)
+        return label_version(self.entry(name).spec, label)
 
     def get(self, name: str, version: int | None = None) -> ModelVersion:
         """The requested version (the active one when `version` is None), READY.
