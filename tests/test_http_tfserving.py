@@ -249,6 +249,8 @@ def test_version_labels_route_status_metadata_predict_and_classify(tf_server: tu
     check_classes(answer.json(), load_reference(repo, "labelled", 2)(x).numpy(), ["cat", "dog", "bird"])
     regress = predict(live, "/v1/models/scalar/labels/stable:regress", {"examples": [{"x": [0] * 4}]})
     assert regress.status_code == 404
+    v2 = httpx.get(f"{live.url}/v2/models/labelled").json()
+    assert v2["version_labels"] == {"stable": "1", "canary": "2", "future": "9"}
 
 
 def test_unknown_labels_are_404_naming_the_known_ones(tf_server: tuple[LiveServer, Path]) -> None:
