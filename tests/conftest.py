@@ -49,6 +49,32 @@ def build_lambda() -> Any:
     return keras.Model(x, keras.layers.Lambda(lambda t: t * 2, name="double")(x))
 
 
+def build_scalar() -> Any:
+    """A regression model: 4 floats -> one value (shape [-1, 1])."""
+    keras.utils.set_random_seed(6)
+    x = keras.Input((4,), name="x")
+    h = keras.layers.Dense(8, activation="tanh", name="hidden")(x)
+    return keras.Model(x, keras.layers.Dense(1, name="value")(h), name="scalar")
+
+
+def build_tiny_image() -> Any:
+    """An image classifier small enough to build in a second: 8x8 RGB (0..255) -> 3 softmax scores."""
+    keras.utils.set_random_seed(8)
+    image = keras.Input((8, 8, 3), name="image")
+    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(keras.layers.Rescaling(1 / 255)(image))
+    pooled = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    return keras.Model(image, keras.layers.Dense(3, activation="softmax", name="probs")(pooled), name="tiny_image")
+
+
+def build_tiny_text(vocabulary_size: int, sequence_length: int) -> Any:
+    """A text classifier over token ids (INT32 [-1, sequence_length]) -> 2 softmax scores."""
+    keras.utils.set_random_seed(9)
+    tokens = keras.Input((sequence_length,), dtype="int32", name="tokens")
+    embedded = keras.layers.Embedding(vocabulary_size, 4, name="embedding")(tokens)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(embedded)
+    return keras.Model(tokens, keras.layers.Dense(2, activation="softmax", name="probs")(pooled), name="tiny_text")
+
+
 def build_mobilenet() -> Any:
     keras.utils.set_random_seed(11)
     return keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35)

@@ -109,7 +109,7 @@ def test_unknown_and_malformed_versions(server: LiveServer, version: str) -> Non
 @pytest.mark.parametrize("name", ["..", "a%2Fb", "a%00b", "%2e%2e", ".hidden", "a\\b"])
 @pytest.mark.parametrize(
     "route", ["/v2/repository/models/{m}/load", "/v2/repository/models/{m}/unload", "/v2/models/{m}/versions/1/apply",
-              "/v2/models/{m}/train"],
+              "/v2/models/{m}/labels/stable/apply", "/v2/models/{m}/train"],
 )  # fmt: skip
 def test_hostile_model_names_in_management_routes(server: LiveServer, name: str, route: str) -> None:
     response = httpx.post(

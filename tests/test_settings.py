@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from layerserve.errors import ConfigError
+from layerserve.errors import ConfigError, NotFoundError
 from layerserve.settings import VersionPolicy, load_settings, read_model_config, settings_table
 
 
@@ -63,6 +64,27 @@ def test_version_policies(tmp_path: Path) -> None:
     assert VersionPolicy(specific=[1, 5]).select([3, 1, 2]) == [1]
     (tmp_path / "config.yaml").write_text("version_policy: all\n")
     assert read_model_config(tmp_path / "config.yaml").version_policy.all
+
+
+def test_version_labels_are_validated(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("version_labels: {stable: 1, canary-2: 2, a_b: 3}\n")
+    config = read_model_config(path)
+    assert config.version_labels == {"stable": 1, "canary-2": 2, "a_b": 3}
+    assert config.version_for_label("m", "canary-2") == 2
+    with pytest.raises(NotFoundError, match="model 'm' has no version label 'beta'; labels: a_b, canary-2, stable"):
+        config.version_for_label("m", "beta")
+    for text, message in (
+        ("version_labels: {Stable: 1}", "key 'version_labels': Value error, label 'Stable' must match"),
+        ("version_labels: {2nd: 1}", "label '2nd' must match"),
+        ("version_labels: {stable: 0}", "label 'stable': the version must be a positive integer, got 0"),
+        ("version_labels: {stable: true}", "key 'version_labels.stable': Input should be a valid integer"),
+        ("version_labels: {stable: '1'}", "key 'version_labels.stable': Input should be a valid integer"),
+        ("version_labels: [stable]", "key 'version_labels': Input should be a valid dictionary"),
+    ):
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            read_model_config(path)
 
 
 def test_readme_settings_table_is_generated_from_the_settings() -> None:

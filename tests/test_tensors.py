@@ -39,6 +39,13 @@ def test_array_from_json_nested_and_flat() -> None:
         ([-1], np.uint32, "out of range"),
         (["a"], np.float32, "expected numbers"),
         ([1], object, "BYTES data must be strings"),
+        ([b"\x00\x01"], np.int32, 'expected integers for INT32, got bytes \\(a {"b64": ...} object\\)'),
+        ([b"\x00\x01"], np.float32, "expected numbers for FP32, got bytes"),
+        ([b"\x00\x01"], bool, "expected true/false values for BOOL, got bytes"),
+        ([1.5], bool, "expected true/false values for BOOL, got floating-point numbers"),
+        (["a"], np.int32, "expected integers for INT32, got strings"),
+        ([1, None], np.int32, "expected integers for INT32, got mixed values \\(integer, null\\)"),
+        ([{"a": 1}], np.float32, "expected numbers for FP32, got object values"),
     ],
 )
 def test_array_from_json_rejects(data: object, dtype: type, message: str) -> None:

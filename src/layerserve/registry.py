@@ -12,7 +12,7 @@ from layerserve.engine_process import stop_idle_processes
 from layerserve.errors import NotFoundError, NotReadyError
 from layerserve.metrics import SERVED_BY
 from layerserve.prepare import Preparer
-from layerserve.repository import ModelSpec
+from layerserve.repository import ModelSpec, label_version
 from layerserve.settings import Settings
 from layerserve.version import ModelVersion, VersionState, hold_for_request
 
@@ -93,6 +93,15 @@ class ModelRegistry:
             return self._models[name]
         except KeyError:
             raise NotFoundError(f"unknown model '{name}'; models: {', '.join(self._models) or 'none'}") from None
+
+    def label_version(self, name: str, label: str) -> int:
+        """The version a label of the model's `version_labels` names.
+
+        Raises:
+            NotFoundError: unknown model, or no such label (the message lists the known ones).
+            NotReadyError: the model's config.yaml is invalid now, so its labels are unknown.
+        """
+        return label_version(self.entry(name).spec, label)
 
     def get(self, name: str, version: int | None = None) -> ModelVersion:
         """The requested version (the active one when `version` is None), READY.

@@ -9,7 +9,7 @@ from pathlib import Path
 from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
 from layerserve.metrics import set_model_state
 from layerserve.registry import ModelEntry, ModelRegistry
-from layerserve.repository import Fingerprint, fingerprint, model_folders, scan_model, write_pin
+from layerserve.repository import Fingerprint, fingerprint, label_version, model_folders, scan_model, write_pin
 from layerserve.version import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,21 @@ class Reloader:
             entry.is_unloaded = False
             log.info("model %s: version %d applied (pinned)", name, number)
             return version
+
+    async def apply_label(self, name: str, label: str) -> ModelVersion:
+        """Pin the version a label of the model's config.yaml names (read now), as `apply` does; the pin is
+        that version number: a later change of the label does not move it.
+
+        Raises:
+            NotFoundError: no such model, label or version folder.
+            NotReadyError: the model's config.yaml is invalid.
+            LoadFailedError: the version cannot be loaded.
+            RepositoryWriteError: the pin cannot be written.
+        """
+        check_model_name(name)
+        if not (self._repository / name).is_dir():
+            raise NotFoundError(f"unknown model '{name}': no folder of that name in the repository")
+        return await self.apply(name, label_version(scan_model(self._repository / name), label))
 
     async def unpin(self, name: str) -> ModelEntry:
         """Drop the pin: the newest loaded version is active again, and the policy applies.

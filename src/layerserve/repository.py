@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerserve.errors import ConfigError, LayerserveError
+from layerserve.errors import ConfigError, LayerserveError, NotReadyError
 from layerserve.settings import ModelConfig, read_model_config
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,18 @@ def scan_model(model_dir: Path) -> ModelSpec:
     if not present:
         log.warning("model %s has no version folders", model_dir.name)
     return ModelSpec(model_dir.name, model_dir, config, {v: present[v] for v in sorted(selected)}, "", present, pinned)
+
+
+def label_version(spec: ModelSpec, label: str) -> int:
+    """The version a label of the model's `version_labels` names.
+
+    Raises:
+        NotFoundError: no such label (the message lists the known ones).
+        NotReadyError: the model's config.yaml is invalid, so its labels are unknown.
+    """
+    if spec.error:
+        raise NotReadyError(f"model '{spec.name}' has no version labels while its config.yaml is invalid: {spec.error}")
+    return spec.config.version_for_label(spec.name, label)
 
 
 def scan(repository: Path) -> list[ModelSpec]:

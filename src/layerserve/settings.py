@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from layerserve.errors import ConfigError
+from layerserve.errors import ConfigError, NotFoundError
 
 EngineChoice = Literal["auto", "onnx", "keras"]
 Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
 ENV_PREFIX = "LAYERSERVE_"
+_VERSION_LABEL = re.compile(r"[a-z][a-z0-9_-]*")
 
 
 class Settings(BaseModel):
@@ -257,6 +259,31 @@ class ModelConfig(BaseModel):
     offset: float = Field(0.0, description="Offset of the explicit preprocessing.")
     labels: str | None = Field(None, description="'imagenet', or a file in the model folder: one label per line.")
     classify_output: str | None = Field(None, description="Output holding class scores (default: the first).")
+    version_labels: dict[str, StrictInt] = Field(
+        default_factory=dict, description="Names for versions (`{stable: 1, canary: 2}`), as TF Serving's labels."
+    )
+
+    @field_validator("version_labels", mode="after")
+    @classmethod
+    def _check_version_labels(cls, labels: dict[str, int]) -> dict[str, int]:
+        for label, version in labels.items():
+            if not _VERSION_LABEL.fullmatch(label):
+                raise ValueError(f"label {label!r} must match [a-z][a-z0-9_-]*")
+            if version < 1:
+                raise ValueError(f"label {label!r}: the version must be a positive integer, got {version}")
+        return labels
+
+    def version_for_label(self, model: str, label: str) -> int:
+        """The version a label names.
+
+        Raises:
+            NotFoundError: the model has no such label; the message lists the known ones.
+        """
+        try:
+            return self.version_labels[label]
+        except KeyError:
+            known = ", ".join(sorted(self.version_labels)) or "none (set version_labels in its config.yaml)"
+            raise NotFoundError(f"model '{model}' has no version label '{label}'; labels: {known}") from None
 
 
 def read_model_config(path: Path) -> ModelConfig:

@@ -143,11 +143,11 @@ def array_from_json(data: Any, dtype: np.dtype[Any], what: str) -> Array:
     if values.size == 0:
         return values.astype(dtype)
     if dtype.kind == "b" and kind != "b":
-        raise BadRequestError(f"{what}: expected true/false values for BOOL, got {values.dtype.name} data")
+        raise BadRequestError(f"{what}: expected true/false values for BOOL, got {_given(values)}")
     if dtype.kind in "iu" and kind not in "iu":
-        return _big_integers(data, dtype, kind, what)
+        return _big_integers(data, dtype, _given(values), what)
     if dtype.kind == "f" and kind not in "fiu":
-        raise BadRequestError(f"{what}: expected numbers for {datatype_of(dtype)}, got {_kind_name(kind)}")
+        raise BadRequestError(f"{what}: expected numbers for {datatype_of(dtype)}, got {_given(values)}")
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         if values.min() < info.min or values.max() > info.max:
@@ -155,24 +155,41 @@ def array_from_json(data: Any, dtype: np.dtype[Any], what: str) -> Array:
     return values.astype(dtype)
 
 
-def _big_integers(data: Any, dtype: np.dtype[Any], kind: str, what: str) -> Array:
+def _big_integers(data: Any, dtype: np.dtype[Any], given: str, what: str) -> Array:
     """Integers numpy could not hold in one integer dtype (UINT64 values past 2^63 beside small ones, or
-    values past 2^64), checked one by one.
+    values past 2^64), checked one by one; `given` says what the data is, for the message.
 
     Raises:
         BadRequestError: a value that is not an integer, or out of the datatype's range.
     """
     values = np.asarray(data, dtype=object).reshape(-1)
     if not all(type(value) is int for value in values):
-        raise BadRequestError(f"{what}: expected integers for {datatype_of(dtype)}, got {_kind_name(kind)}")
+        raise BadRequestError(f"{what}: expected integers for {datatype_of(dtype)}, got {given}")
     info = np.iinfo(dtype)
     if not all(info.min <= value <= info.max for value in values):
         raise BadRequestError(f"{what}: values out of range for {datatype_of(dtype)}")
     return np.array(values.tolist(), dtype=dtype)
 
 
-def _kind_name(kind: str) -> str:
-    return {"b": "booleans", "f": "floating-point numbers", "U": "strings", "O": "mixed values"}.get(kind, "integers")
+_KIND_NAMES = {
+    "b": "true/false values",
+    "i": "integers",
+    "u": "integers",
+    "f": "floating-point numbers",
+    "U": "strings",
+    "S": 'bytes (a {"b64": ...} object)',
+}
+_JSON_NAMES = {"NoneType": "null", "bool": "true/false", "int": "integer", "float": "number", "str": "string",
+               "bytes": "bytes", "dict": "object", "list": "list"}  # fmt: skip
+
+
+def _given(values: Array) -> str:
+    """What JSON data was, in words, for messages (bytes come only from TF Serving's `{"b64": ...}`)."""
+    kind = values.dtype.kind
+    if kind != "O":
+        return _KIND_NAMES.get(kind, f"data of numpy kind {kind!r}")
+    found = sorted({_JSON_NAMES.get(type(value).__name__, type(value).__name__) for value in values[:1000]})
+    return f"{found[0]} values" if len(found) == 1 else f"mixed values ({', '.join(found)})"
 
 
 def _bytes_from_json(data: Any, what: str) -> Array:

@@ -19,8 +19,8 @@ access_log = logging.getLogger("layerserve.access")
 log = logging.getLogger(__name__)
 
 _MANAGEMENT = re.compile(
-    r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)"
-)  # repository load/unload/index, apply, train, and the jobs routes
+    r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+|/labels/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)"
+)  # repository load/unload/index, apply (by version or label), train, and the jobs routes
 _PUBLIC = re.compile(r"^/v2/health/")
 
 

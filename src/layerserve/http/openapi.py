@@ -62,6 +62,14 @@ _PREDICT = {
 }  # fmt: skip
 
 
+_EXAMPLES = {
+    "type": "object",
+    "required": ["examples"],
+    "properties": {"signature_name": {"type": "string"}, "context": _ANY_OBJECT,
+                   "examples": {"type": "array", "items": _ANY_OBJECT}},
+}  # fmt: skip
+
+
 def _param(name: str, where: str = "path", schema: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"name": name, "in": where, "required": where == "path", "schema": schema or {"type": "string"}}
 
@@ -110,6 +118,9 @@ def _tfserving_paths(suffix: str, operation: dict[str, Any], method: str) -> dic
         f"/v1/models/{{model}}/versions/{{version}}{suffix}": {
             method: operation, "parameters": [_param("model"), _param("version")],
         },
+        f"/v1/models/{{model}}/labels/{{label}}{suffix}": {
+            method: operation, "parameters": [_param("model"), _param("label")],
+        },
     }  # fmt: skip
 
 
@@ -151,12 +162,18 @@ def document() -> dict[str, Any]:
         "/v2/repository/models/{model}/load": {"post": _operation("(Re)load a model"), "parameters": [_param("model")]},
         "/v2/repository/models/{model}/unload": {"post": _operation("Unload a model"), "parameters": [_param("model")]},
         "/v2/models/{model}/apply": {
-            "post": _operation('Unpin with {"version": "latest"}', _json(_ANY_OBJECT)),
+            "post": _operation(
+                'Unpin with {"version": "latest"}; pin a label\'s version with {"label": ...}', _json(_ANY_OBJECT)
+            ),
             "parameters": [_param("model")],
         },
         "/v2/models/{model}/versions/{version}/apply": {
             "post": _operation("Pin a version as the active one"),
             "parameters": [_param("model"), _param("version")],
+        },
+        "/v2/models/{model}/labels/{label}/apply": {
+            "post": _operation("Pin the version a label of the model's version_labels names"),
+            "parameters": [_param("model"), _param("label")],
         },
         "/v2/models/{model}/train": {
             "post": _operation(
@@ -183,6 +200,8 @@ def document() -> dict[str, Any]:
         **_tfserving_paths("", _operation("Version status (TF Serving)"), "get"),
         **_tfserving_paths("/metadata", _operation("Signature (TF Serving)"), "get"),
         **_tfserving_paths(":predict", _operation("Predict (TF Serving REST)", _json(_PREDICT)), "post"),
+        **_tfserving_paths(":classify", _operation("Classes per example (TF Serving)", _json(_EXAMPLES)), "post"),
+        **_tfserving_paths(":regress", _operation("One value per example (TF Serving)", _json(_EXAMPLES)), "post"),
         "/metrics": {"get": _operation("Prometheus metrics")},
         "/openapi.json": {"get": _operation("This document")},
         "/docs": {"get": _operation("A page to read this document")},

@@ -1,4 +1,4 @@
-"""Management routes: the Triton repository extension (index, load, unload) and apply/unpin."""
+"""Management routes: the Triton repository extension (index, load, unload) and apply (by version or label)/unpin."""
 
 from __future__ import annotations
 
@@ -38,17 +38,36 @@ async def unload(request: Request) -> Response:
 
 
 async def apply(request: Request) -> Response:
-    """POST /v2/models/{model}/versions/{version}/apply pins a version; POST /v2/models/{model}/apply
-    with {"version": "latest"} unpins. Both answer once the active version is in place."""
-    name, number = request.path_params["model"], parse_version(request)
-    if number is None:
-        body = load_json_object(await read_body(request, 4096) or b"{}", "the request body")
-        if body.get("version") != "latest":
-            raise BadRequestError('to unpin, send {"version": "latest"}; to pin, POST .../versions/{v}/apply')
-        entry = await _reloader(request).unpin(name)
-        return JSONResponse({"name": name, "active_version": str(entry.active_version or ""), "pinned": False})
-    version = await _reloader(request).apply(name, number)
+    """POST /v2/models/{model}/versions/{version}/apply pins a version, POST /v2/models/{model}/labels/{label}/apply
+    (or /v2/models/{model}/apply with {"label": "<label>"}) the version a label names; POST /v2/models/{model}/apply
+    with {"version": "latest"} unpins. Each answers once the active version is in place."""
+    name, number, reloader = request.path_params["model"], parse_version(request), _reloader(request)
+    if number is not None:
+        version = await reloader.apply(name, number)
+    else:
+        label = request.path_params.get("label") or await _label_or_unpin(request)
+        if label is None:
+            entry = await reloader.unpin(name)
+            return JSONResponse({"name": name, "active_version": str(entry.active_version or ""), "pinned": False})
+        version = await reloader.apply_label(name, label)
     return JSONResponse({"name": name, "active_version": str(version.version), "pinned": True})
+
+
+async def _label_or_unpin(request: Request) -> str | None:
+    """The body of POST /v2/models/{model}/apply: `{"label": "<label>"}` (returned), or `{"version": "latest"}` (None).
+
+    Raises:
+        BadRequestError: any other body.
+    """
+    body = load_json_object(await read_body(request, 4096) or b"{}", "the request body")
+    if set(body) == {"label"} and isinstance(body["label"], str):
+        return body["label"]
+    if body == {"version": "latest"}:
+        return None
+    raise BadRequestError(
+        'send {"version": "latest"} to unpin, or {"label": "<label>"} to pin the version a label names; '
+        "to pin a version, POST .../versions/{v}/apply"
+    )
 
 
 routes = [
@@ -57,4 +76,5 @@ routes = [
     Route("/v2/repository/models/{model}/unload", unload, methods=["POST"]),
     Route("/v2/models/{model}/apply", apply, methods=["POST"]),
     Route("/v2/models/{model}/versions/{version}/apply", apply, methods=["POST"]),
+    Route("/v2/models/{model}/labels/{label}/apply", apply, methods=["POST"]),
 ]

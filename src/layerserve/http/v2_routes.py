@@ -63,6 +63,7 @@ def version_metadata(version: ModelVersion, entry: ModelEntry) -> dict[str, obje
         "versions": [str(v) for v in entry.ready_versions],
         "active_version": str(entry.active_version or ""),
         "pinned_version": str(entry.pinned or ""),
+        "version_labels": {label: str(number) for label, number in entry.spec.config.version_labels.items()},
         "platform": "keras_tensorflow",
         "inputs": [spec.to_dict() for spec in version.signature.inputs],
         "outputs": [spec.to_dict() for spec in version.signature.outputs],

@@ -33,6 +33,25 @@ _TF_DTYPES = {
 }
 
 
+SIGNATURE_NAME = "serving_default"
+
+
+def check_signature_name(request: dict[str, Any]) -> None:
+    """`signature_name`, when given, must be the one signature a Keras model has: `serving_default`.
+
+    Raises:
+        BadRequestError: another signature name (TF Serving's message, with the one there is).
+    """
+    name = request.get("signature_name")
+    if name is None or name == SIGNATURE_NAME:
+        return
+    if not isinstance(name, str):
+        raise BadRequestError(f"'signature_name' must be a string, got {type(name).__name__}")
+    raise BadRequestError(
+        f'Serving signature name: "{name}" not found in signature def; the model has one signature: "{SIGNATURE_NAME}"'
+    )
+
+
 @dataclass(frozen=True)
 class PredictRequest:
     """A parsed `:predict` body: input arrays by name, the outputs asked for, and the answer's format."""
@@ -42,10 +61,14 @@ class PredictRequest:
     is_row_format: bool
 
 
-def _decode_b64(value: Any, what: str) -> Any:
-    """Replace every `{"b64": "..."}` in nested lists with its bytes."""
+def decode_b64(value: Any, what: str) -> Any:
+    """Replace every `{"b64": "..."}` in nested lists with its bytes.
+
+    Raises:
+        BadRequestError: another kind of object, or invalid base64.
+    """
     if isinstance(value, list):
-        return [_decode_b64(item, what) for item in value]
+        return [decode_b64(item, what) for item in value]
     if isinstance(value, dict):
         if set(value) != {"b64"} or not isinstance(value["b64"], str):
             raise BadRequestError(f'{what}: objects in tensor data must be {{"b64": "..."}}')
@@ -63,11 +86,11 @@ def _is_encoded(value: Any) -> bool:
 
 def _to_array(value: Any, spec: TensorSpec, may_be_encoded: bool = False) -> Array:
     what = f"input '{spec.name}'"
-    value = _decode_b64(value, what)
+    value = decode_b64(value, what)
     if may_be_encoded and _is_encoded(value):
-        return _bytes_array(value, what)  # UTF-8 texts of a text model, or encoded images of an image model
+        return bytes_array(value, what)  # UTF-8 texts of a text model, or encoded images of an image model
     if spec.datatype == "BYTES":
-        array = _bytes_array(value, what)
+        array = bytes_array(value, what)
     else:
         try:
             shaped = np.asarray(value)
@@ -78,7 +101,13 @@ def _to_array(value: Any, spec: TensorSpec, may_be_encoded: bool = False) -> Arr
     return array
 
 
-def _bytes_array(value: Any, what: str) -> Array:
+def bytes_array(value: Any, what: str) -> Array:
+    """Strings (UTF-8 encoded) and bytes in nested lists -> an object array of bytes of their shape.
+
+    Raises:
+        BadRequestError: another kind of value, or ragged lists.
+    """
+
     def walk(item: Any) -> Any:
         if isinstance(item, list):
             return [walk(i) for i in item]
@@ -125,7 +154,8 @@ def _output_filter(raw: Any, graph: LayerGraph) -> tuple[str, ...]:
 
 
 def parse_predict_request(body: bytes, graph: LayerGraph, encoded_input: str | None = None) -> PredictRequest:
-    """Parse a `:predict` body with `instances` or `inputs`, and the optional `output_filter` of names.
+    """Parse a `:predict` body with `instances` or `inputs`, the optional `output_filter` of names and
+    `signature_name`.
 
     Instances and columns may name layers (cuts); a single-input model also takes bare values.
     `encoded_input` (the input of a text or image model) may also come as strings: texts, or
@@ -135,6 +165,7 @@ def parse_predict_request(body: bytes, graph: LayerGraph, encoded_input: str | N
         BadRequestError: naming the bad field or input and what was expected.
     """
     request = load_json_object(body, "the request body")
+    check_signature_name(request)
     if ("instances" in request) == ("inputs" in request):
         raise BadRequestError("the body needs exactly one of 'instances' (row format) or 'inputs' (columnar)")
     signature = graph.signature
