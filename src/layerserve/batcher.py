@@ -14,6 +14,7 @@ import numpy as np
 
 from layerserve import metrics
 from layerserve.errors import DeadlineExceededError, LayerserveError, QueueFullError
+from layerserve.statistics import VersionStatistics
 from layerserve.tensors import Array
 
 RunBatch = Callable[[list[Array]], list[Array]]
@@ -54,8 +55,10 @@ class Batcher:
         budget: QueueBudget,
         labels: tuple[str, str],
         is_inline: bool = False,
+        statistics: VersionStatistics | None = None,
     ) -> None:
         self._run = run
+        self._statistics = statistics
         self._is_inline = is_inline
         self._thread = thread
         self._max_batch_size = max(1, max_batch_size)
@@ -163,6 +166,8 @@ class Batcher:
             return
         finally:
             self._compute_metric.observe(time.perf_counter() - started)
+        if self._statistics is not None:
+            self._statistics.record_batch(started, [p.enqueued for p in batch], sum(sizes))
         for pending, rows in zip(batch, split, strict=True):
             if not pending.future.done():
                 pending.future.set_result(rows)

@@ -33,10 +33,11 @@ from layerserve.http import (
     openapi,
     repository_routes,
     tfserving_routes,
+    triton_routes,
     v2_routes,
 )
 from layerserve.http.bodies import JSONResponse
-from layerserve.http.middleware import AuthMiddleware, ObserveMiddleware
+from layerserve.http.middleware import AuthMiddleware, CompressMiddleware, ObserveMiddleware
 from layerserve.images import ImageDecoder
 from layerserve.job_store import Job
 from layerserve.jobs import JobRunner, OnVersion
@@ -60,7 +61,7 @@ async def _layerserve_error(request: Request, error: Exception) -> Response:
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     message = f"no route {request.method} {request.url.path}" if error.status_code in (404, 405) else error.detail
-    return JSONResponse({"error": message}, status_code=error.status_code)
+    return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
 
 
 async def _unexpected_error(request: Request, error: Exception) -> Response:
@@ -160,8 +161,11 @@ def create_app(settings: Settings) -> Starlette:
     middleware = [Middleware(ObserveMiddleware, log_requests=settings.access_log)]
     if settings.admin_token or settings.api_token:
         middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
+    if settings.compress_min_bytes:
+        middleware.append(Middleware(CompressMiddleware, minimum_size=settings.compress_min_bytes, compresslevel=1))
     app = Starlette(
         routes=[
+            *triton_routes.routes,  # first: `/v2/models/stats` before `/v2/models/{model}`
             *v2_routes.routes,
             *repository_routes.routes,
             *layer_routes.routes,

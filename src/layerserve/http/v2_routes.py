@@ -12,7 +12,15 @@ from layerserve.http.bodies import JSONResponse, read_body
 from layerserve.protocols import v2
 from layerserve.registry import ModelEntry, ModelRegistry, ModelVersion
 
-EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "layer_outputs"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_repository",
+    "statistics",
+    "model_configuration",
+    "logging",
+    "layer_outputs",
+]
 
 
 def _registry(request: Request) -> ModelRegistry:
