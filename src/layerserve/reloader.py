@@ -102,12 +102,15 @@ class Reloader:
             if config:
                 self._overrides[name] = dict(config)
             entry = await self._sync(name, wait_for_copies=False, force=True)
-            if entry.spec.error or (entry.versions and not entry.ready_versions):
+            # With a config, every version must serve with it; without, one ready version is enough.
+            failed = [mv for mv in entry.versions.values() if config and mv.config != entry.spec.config]
+            if entry.spec.error or failed or (entry.versions and not entry.ready_versions):
                 if config:
                     self._overrides.pop(name, None)
                     if previous is not None:
                         self._overrides[name] = previous
-                reasons = entry.spec.error or "; ".join(f"version {v}: {mv.reason}" for v, mv in entry.versions.items())
+                failed = failed or list(entry.versions.values())
+                reasons = entry.spec.error or "; ".join(f"version {mv.version}: {mv.reason}" for mv in failed)
                 raise LoadFailedError(f"model '{name}' failed to load: {reasons}")
         return entry
 
