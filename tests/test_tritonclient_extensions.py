@@ -29,15 +29,16 @@ BODY_LIMIT = 1_000_000
 @pytest.fixture(scope="module")
 def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Byte-identical copies of one MLP (one ONNX export for all): `mlp` with a config.yaml, `counted` for the
-    statistics alone, `reloadable` for loads with a config."""
+    statistics alone, `reloadable` for loads with a config, `cached` with the feature cache."""
     repo = tmp_path_factory.mktemp("triton-extensions")
     first = _save(build_mlp(1), repo / "mlp" / "1", "model.keras")
-    for name in ("counted", "reloadable"):
+    for name in ("counted", "reloadable", "cached"):
         (repo / name / "1").mkdir(parents=True)
         shutil.copy(first, repo / name / "1" / "model.keras")
     config = "description: an mlp\nmax_batch_size: 8\nmax_delay_ms: 2\nmax_queue_size: 32\n"
     for name in ("mlp", "reloadable"):
         (repo / name / "config.yaml").write_text(config)
+    (repo / "cached" / "config.yaml").write_text("cache: true\n")
     return repo
 
 
@@ -105,8 +106,19 @@ def test_statistics_count_requests_rows_and_batches(
     # Without a version: every ready version of the model; without a model: every model.
     assert client.get_inference_statistics(model_name="counted")["model_stats"] == [stats]
     every = client.get_inference_statistics()["model_stats"]
-    assert [s["name"] for s in every] == ["counted", "mlp", "reloadable"]
-    assert every[0] == stats
+    assert [s["name"] for s in every] == ["cached", "counted", "mlp", "reloadable"]
+    assert every[1] == stats
+
+
+def test_statistics_count_feature_cache_hits_and_misses(client: triton.InferenceServerClient) -> None:
+    rows = np.arange(30, dtype=np.float32).reshape(3, 10)
+    for _ in range(3):
+        client.infer("cached", [_input(rows)])
+    (stats,) = client.get_inference_statistics("cached")["model_stats"]
+    inference = stats["inference_stats"]
+    assert inference["cache_miss"]["count"] == 1 and inference["cache_hit"]["count"] == 2
+    assert inference["success"]["count"] == 3
+    assert stats["inference_count"] == 3 and stats["execution_count"] == 1  # the hits never reach the model
 
 
 def test_statistics_of_unknown_model_or_version(client: triton.InferenceServerClient) -> None:
