@@ -326,6 +326,12 @@ def test_compressed_requests_and_answers_equal_keras(
     np.testing.assert_allclose(result.as_numpy("probs"), np.asarray(reference(rows)), atol=1e-5)
 
 
+def test_a_large_compressed_body_within_the_limit(client: triton.InferenceServerClient, reference: Any) -> None:
+    rows = np.random.default_rng(5).normal(size=(10_000, 10)).astype(np.float32)  # 400 KB, hardly compressible
+    result = client.infer("mlp", [_input(rows)], request_compression_algorithm="gzip")
+    np.testing.assert_allclose(result.as_numpy("probs"), np.asarray(reference(rows)), atol=1e-5)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 async def test_compression_with_the_aio_client(server: LiveServer, reference: Any, algorithm: str) -> None:

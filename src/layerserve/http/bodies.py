@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -35,9 +36,15 @@ async def read_body(request: Request, limit: int) -> bytes:
             f"Content-Encoding {encoding!r} is not supported; expected gzip, deflate or identity"
         )
     raw = await _read_raw(request, limit)
-    return _decompress(raw, encoding, limit) if encoding in _WBITS and raw else raw
+    if encoding not in _WBITS or not raw:
+        return raw
+    if len(raw) < _THREAD_MIN_BYTES:
+        return _decompress(raw, encoding, limit)
+    # Off the event loop: zlib releases the GIL, and a large body takes tens of milliseconds.
+    return await asyncio.get_running_loop().run_in_executor(None, _decompress, raw, encoding, limit)
 
 
+_THREAD_MIN_BYTES = 256 * 1024
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
