@@ -59,13 +59,15 @@ def test_tokens_guard_routes(guarded: LiveServer) -> None:
     assert _infer(url, bearer["api"]).status_code == 200
     assert _infer(url, bearer["admin"]).status_code == 200  # the admin token opens every route
     management = ("/v2/repository/index", "/v2/repository/models/mlp/load", "/v2/models/mlp/versions/1/apply",
-                  "/v2/models/mlp/labels/stable/apply", "/v2/models/mlp/apply")  # fmt: skip
+                  "/v2/models/mlp/labels/stable/apply", "/v2/models/mlp/apply", "/v2/logging")  # fmt: skip
     for path in management:
         assert httpx.post(f"{url}{path}").status_code == 401, path
         assert httpx.post(f"{url}{path}", headers=bearer["api"]).status_code == 403, path
     assert httpx.post(f"{url}/v2/repository/index", headers=bearer["admin"]).status_code == 200
     assert httpx.post(f"{url}/v2/models/new/train", json={}, headers=bearer["api"]).status_code == 403
     assert httpx.get(f"{url}/v2/jobs", headers=bearer["admin"]).status_code == 200
+    assert httpx.get(f"{url}/v2/logging", headers=bearer["api"]).status_code == 403  # log settings: admin only
+    assert httpx.get(f"{url}/v2/logging", headers=bearer["admin"]).status_code == 200
 
 
 def test_access_log_and_request_metrics(guarded: LiveServer, caplog: pytest.LogCaptureFixture) -> None:

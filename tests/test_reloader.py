@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerserve.errors import NotFoundError
+from layerserve.errors import ConfigError, NotFoundError
 from layerserve.registry import ModelRegistry
 from layerserve.reloader import LoadFailedError, Reloader
 from layerserve.repository import PIN_FILE
@@ -197,3 +197,44 @@ async def test_deselected_versions_serve_until_their_replacements_are_ready(
     await reloader.poll()
     assert (await answer(registry))[0] == 3 and list(registry.models["m"].versions) == [3]
     registry.close()
+
+
+async def test_a_load_config_lasts_over_polls_until_a_load_without_one(
+    repo_and_reloader: tuple[Path, Reloader, ModelRegistry], weights: dict[str, Path]
+) -> None:
+    repo, reloader, registry = repo_and_reloader
+    add_version(repo, 2, weights["b"])
+    await reloader.load_model("m", {"max_batch_size": 2, "version_policy": {"latest": 1}})
+    served = registry.get("m")
+    assert served.version == 2 and served.batching()["max_batch_size"] == 2
+    assert set(registry.models["m"].versions) == {2}  # the config's policy, not config.yaml's `all`
+    for _ in range(2):
+        await reloader.poll()
+    assert registry.get("m") is served  # polls keep the loaded config: nothing reloaded
+    np.testing.assert_allclose((await served.predict({"x": X}))["probs"], expected(weights, "b"), atol=1e-5)
+    await reloader.load_model("m")
+    assert set(registry.models["m"].versions) == {1, 2}
+    assert registry.get("m").batching()["max_batch_size"] == registry.settings.max_batch_size
+
+
+async def test_a_load_whose_config_fails_keeps_the_old_version_and_drops_the_config(
+    repo_and_reloader: tuple[Path, Reloader, ModelRegistry],
+) -> None:
+    _, reloader, registry = repo_and_reloader
+    served = registry.get("m")
+    with pytest.raises(LoadFailedError, match="version 1: reload failed, the previous files still serve: unknown"):
+        await reloader.load_model("m", {"classify_output": "no_such_layer"})
+    assert registry.get("m") is served and served.config.classify_output is None
+    await reloader.poll()
+    await reloader.poll()
+    assert registry.get("m").config.classify_output is None
+
+
+async def test_a_load_config_with_an_unknown_key_is_refused_before_loading(
+    repo_and_reloader: tuple[Path, Reloader, ModelRegistry],
+) -> None:
+    _, reloader, registry = repo_and_reloader
+    served = registry.get("m")
+    with pytest.raises(ConfigError, match="config key 'batch' is not supported; supported keys: description, engine"):
+        await reloader.load_model("m", {"batch": 4})
+    assert registry.get("m") is served

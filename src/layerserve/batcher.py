@@ -14,6 +14,7 @@ import numpy as np
 
 from layerserve import metrics
 from layerserve.errors import DeadlineExceededError, EngineProcessError, LayerserveError, QueueFullError
+from layerserve.statistics import VersionStatistics
 from layerserve.tensors import Array
 
 RunBatch = Callable[[list[Array]], list[Array]]
@@ -54,9 +55,11 @@ class Batcher:
         budget: QueueBudget,
         labels: tuple[str, str],
         is_inline: bool = False,
+        statistics: VersionStatistics | None = None,
     ) -> None:
         self._run = run
         self._is_inline = is_inline
+        self._statistics = statistics
         self._thread = thread
         self._max_batch_size = max(1, max_batch_size)
         self._max_delay_s = max_delay_s
@@ -156,6 +159,7 @@ class Batcher:
         """Run one batch and give every caller its rows. If the call fails, the batch is split in halves and
         each half run again, so that only the request(s) that fail alone get the error: one bad request never
         fails the others it was batched with. An error that says the engine itself is gone fails them all."""
+        started = time.perf_counter()
         try:
             split = await self._call(batch)
         except Exception as error:
@@ -171,6 +175,8 @@ class Batcher:
                 if live:
                     await self._answer(live)
             return
+        if self._statistics is not None:
+            self._statistics.record_batch(started, [p.enqueued for p in batch], sum(p.rows for p in batch))
         for pending, rows in zip(batch, split, strict=True):
             if not pending.future.done():
                 pending.future.set_result(rows)

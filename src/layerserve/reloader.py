@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
 from layerserve.metrics import set_model_state
 from layerserve.registry import ModelEntry, ModelRegistry
-from layerserve.repository import Fingerprint, fingerprint, label_version, model_folders, scan_model, write_pin
+from layerserve.repository import ModelSpec, fingerprint, label_version, model_folders, scan_model, write_pin
+from layerserve.settings import ModelConfig, check_config_override
 from layerserve.version import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,8 @@ class Reloader:
     def __init__(self, registry: ModelRegistry) -> None:
         self._registry = registry
         self._repository = registry.settings.model_repository
-        self._seen: dict[tuple[str, int], Fingerprint] = {}
+        self._seen: dict[tuple[str, int], tuple[object, ...]] = {}
+        self._overrides: dict[str, dict[str, Any]] = {}  # model -> the config of its last load, if it had one
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -76,21 +80,38 @@ class Reloader:
             for name in set(self._registry.models) - present:
                 self._retire_all(self._registry.models.pop(name))
 
-    async def load_model(self, name: str) -> ModelEntry:
+    async def load_model(self, name: str, config: Mapping[str, Any] | None = None) -> ModelEntry:
         """(Re)load a model from the repository now, including one unloaded before.
+
+        A `config` (config.yaml keys) replaces those keys of the model's config.yaml from now on, over polls,
+        until the next load without one (or a restart); if the model then fails to load, the config is
+        dropped again.
 
         Raises:
             NotFoundError: no such model folder.
+            ConfigError: `config` has an unknown key or a wrong value (400).
             LoadFailedError: no version of it could be loaded.
         """
         check_model_name(name)
+        if config:
+            check_config_override(config)
         async with self._lock:
             if not (self._repository / name).is_dir():
                 raise NotFoundError(f"the repository has no model folder '{name}'")
+            previous = self._overrides.pop(name, None)
+            if config:
+                self._overrides[name] = dict(config)
             entry = await self._sync(name, wait_for_copies=False, force=True)
-        if entry.spec.error or (entry.versions and not entry.ready_versions):
-            reasons = entry.spec.error or "; ".join(f"version {v}: {mv.reason}" for v, mv in entry.versions.items())
-            raise LoadFailedError(f"model '{name}' failed to load: {reasons}")
+            # With a config, every version must serve with it; without, one ready version is enough.
+            failed = [mv for mv in entry.versions.values() if config and mv.config != entry.spec.config]
+            if entry.spec.error or failed or (entry.versions and not entry.ready_versions):
+                if config:
+                    self._overrides.pop(name, None)
+                    if previous is not None:
+                        self._overrides[name] = previous
+                failed = failed or list(entry.versions.values())
+                reasons = entry.spec.error or "; ".join(f"version {mv.version}: {mv.reason}" for mv in failed)
+                raise LoadFailedError(f"model '{name}' failed to load: {reasons}")
         return entry
 
     async def unload_model(self, name: str) -> None:
@@ -115,7 +136,7 @@ class Reloader:
         """
         check_model_name(name)
         async with self._lock:
-            spec = scan_model(self._repository / name)
+            spec = self._scan(name)
             if number not in spec.present:
                 known = ", ".join(str(v) for v in sorted(spec.present)) or "none"
                 raise NotFoundError(f"model '{name}' has no version folder {number}; versions: {known}")
@@ -159,15 +180,22 @@ class Reloader:
             write_pin(self._repository / name, None)
             return await self._sync(name, wait_for_copies=False)
 
+    def _scan(self, name: str) -> ModelSpec:
+        return scan_model(self._repository / name, self._overrides.get(name))
+
+    def _stamp(self, path: Path, config: ModelConfig) -> tuple[object, ...]:
+        """What a loaded version was made from: its files, and its config (a load's config may change it)."""
+        return (fingerprint(path), config.model_dump_json())
+
     def _entry(self, name: str) -> ModelEntry:
         entry = self._registry.models.get(name)
         if entry is None:
-            entry = self._registry.models[name] = ModelEntry(scan_model(self._repository / name))
+            entry = self._registry.models[name] = ModelEntry(self._scan(name))
         return entry
 
     async def _sync(self, name: str, wait_for_copies: bool, force: bool = False) -> ModelEntry:
         """Make one model's loaded versions equal to what its folder, policy and pin ask for."""
-        spec = scan_model(self._repository / name)
+        spec = self._scan(name)
         entry = self._entry(name)
         entry.spec, entry.pinned = spec, spec.pinned
         if force:
@@ -176,7 +204,7 @@ class Reloader:
             return entry  # keep serving what was loaded; the index shows the config error
         for number, path in spec.versions.items():
             current = entry.versions.get(number)
-            stamp = fingerprint(path)
+            stamp = self._stamp(path, spec.config)
             if current is not None and current.fingerprint == stamp and not (force and not current.is_ready):
                 continue
             if wait_for_copies and self._seen.get((name, number)) != stamp:
@@ -191,10 +219,12 @@ class Reloader:
                 self._remove(entry, number)
         return entry
 
-    async def _load(self, entry: ModelEntry, number: int, path: Path, stamp: Fingerprint | None = None) -> ModelVersion:
+    async def _load(
+        self, entry: ModelEntry, number: int, path: Path, stamp: tuple[object, ...] | None = None
+    ) -> ModelVersion:
         """Load a version beside the one serving under its number, then swap; a failed reload keeps the old."""
-        name = entry.spec.name
-        new = ModelVersion(name, number, path, entry.spec.config, stamp if stamp is not None else fingerprint(path))
+        name, config = entry.spec.name, entry.spec.config
+        new = ModelVersion(name, number, path, config, stamp if stamp is not None else self._stamp(path, config))
         current = entry.versions.get(number)
         if current is None:
             entry.versions[number] = new  # shown as LOADING in the index

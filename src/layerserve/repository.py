@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from layerserve.errors import ConfigError, LayerserveError, NotReadyError
 from layerserve.settings import ModelConfig, read_model_config
@@ -62,10 +64,11 @@ def model_folders(repository: Path) -> list[Path]:
     return sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def scan_model(model_dir: Path) -> ModelSpec:
-    """One model folder; an invalid config.yaml makes a spec with `error` and no versions."""
+def scan_model(model_dir: Path, override: Mapping[str, Any] | None = None) -> ModelSpec:
+    """One model folder (with `override` replacing keys of its config.yaml); an invalid config makes a spec
+    with `error` and no versions."""
     try:
-        config = read_model_config(model_dir / CONFIG_FILE)
+        config = read_model_config(model_dir / CONFIG_FILE, override)
     except ConfigError as error:
         log.error("model %s: %s", model_dir.name, error.message)
         return ModelSpec(model_dir.name, model_dir, ModelConfig(), error=error.message)

@@ -69,6 +69,12 @@ class Settings(BaseModel):
         0.5, ge=0, description="Models whose largest batch runs faster than this run on the event loop (0: never)."
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
+    compress_min_bytes: int = Field(
+        1024,
+        ge=0,
+        description="Answers at least this large are compressed (gzip or deflate, level 1) for "
+        "clients whose Accept-Encoding asks (0: never).",
+    )
     max_image_pixels: int = Field(
         40_000_000, gt=0, description="Largest image (width x height) decoded; larger ones get 413."
     )
@@ -286,26 +292,45 @@ class ModelConfig(BaseModel):
             raise NotFoundError(f"model '{model}' has no version label '{label}'; labels: {known}") from None
 
 
-def read_model_config(path: Path) -> ModelConfig:
-    """Read and validate a model's config.yaml (a missing file means defaults).
+def read_model_config(path: Path, override: Mapping[str, Any] | None = None) -> ModelConfig:
+    """Read and validate a model's config.yaml (a missing file means defaults), with the keys of `override`
+    (a load request's config) replacing the file's.
 
     Raises:
         ConfigError: the YAML is invalid, or a key is unknown or has a wrong value.
     """
-    if not path.exists():
-        return ModelConfig()
-    try:
-        # libyaml's loader when PyYAML has it: the reloader reads every config.yaml on the event loop.
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError) as error:
-        raise ConfigError(f"{path}: {error}") from error
-    if data is None:
-        return ModelConfig()
-    if not isinstance(data, dict):
+    data: Any = None
+    if path.exists():
+        try:
+            # libyaml's loader when PyYAML has it: the reloader reads every config.yaml on the event loop.
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except (OSError, yaml.YAMLError) as error:
+            raise ConfigError(f"{path}: {error}") from error
+    if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
+    data = {**(data or {}), **(override or {})}
     if data.get("version_policy") == "all":
         data["version_policy"] = {"all": True}
     try:
         return ModelConfig(**data)
     except ValidationError as error:
         raise ConfigError(f"{path}: {describe_validation_error(error, 'key')}") from error
+
+
+def check_config_override(override: Mapping[str, Any]) -> None:
+    """Check the config of a load request: config.yaml keys with valid values.
+
+    Raises:
+        ConfigError: an unknown key (the message lists the supported ones) or a wrong value (400).
+    """
+    unknown = [key for key in override if key not in ModelConfig.model_fields]
+    if unknown:
+        supported = ", ".join(ModelConfig.model_fields)
+        raise ConfigError(f"config key '{unknown[0]}' is not supported; supported keys: {supported}")
+    values = dict(override)
+    if values.get("version_policy") == "all":
+        values["version_policy"] = {"all": True}
+    try:
+        ModelConfig(**values)
+    except ValidationError as error:
+        raise ConfigError(f"the load request's config: {describe_validation_error(error, 'key')}") from error

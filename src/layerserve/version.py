@@ -35,6 +35,7 @@ from layerserve.model import Signature, find_model_file, read_signature
 from layerserve.pooling import pool_features
 from layerserve.prepare import ModelSource, Preparer
 from layerserve.settings import ModelConfig, Settings
+from layerserve.statistics import VersionStatistics
 from layerserve.tensors import Array
 from layerserve.text import Tokenizer
 from layerserve.training import LABELS_FILE
@@ -89,6 +90,7 @@ class ModelVersion:
     engine_reason: str = ""
     layer_count: int = 0
     load_seconds: float = 0.0
+    statistics: VersionStatistics = field(default_factory=VersionStatistics)
     _thread: ThreadPoolExecutor | None = None
     _batchers: dict[tuple[object, ...], Batcher] = field(default_factory=dict)
     _budget: QueueBudget = field(default_factory=lambda: QueueBudget(1))
@@ -301,18 +303,35 @@ class ModelVersion:
             DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
             BadRequestError: a cut whose outputs need a tensor the request does not give.
         """
+        started, is_success = time.perf_counter(), False
+        try:
+            answer = await self._predict(inputs, outputs, timeout_ms, use_cache)
+            is_success = True
+            return answer
+        finally:
+            self.statistics.record_request(is_success, time.perf_counter() - started)
+
+    async def _predict(
+        self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None, use_cache: bool
+    ) -> dict[str, Array]:
         self._check_indices(inputs)
         wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
             return await self._compute(inputs, wanted, timeout_ms)
+        started = time.perf_counter()
         keys = cache.row_keys(self.name, self.version, self._model_digest, wanted, inputs)
         rows = await cache.lookup(keys, len(wanted), self.name)
         misses = [index for index, row in enumerate(rows) if row is None]
-        if misses:
+        if not misses:
+            self.statistics.cache_hit.add(time.perf_counter() - started)
+        else:
+            looked_up = time.perf_counter() - started
             computed = await self._compute({n: a[misses] for n, a in inputs.items()}, wanted, timeout_ms)
             fresh = [[computed[name][j] for name in wanted] for j in range(len(misses))]
+            stored_at = time.perf_counter()
             await cache.store([keys[i] for i in misses], fresh, self.name)
+            self.statistics.cache_miss.add(looked_up + time.perf_counter() - stored_at)  # lookup and insert
             for index, row in zip(misses, fresh, strict=True):
                 rows[index] = row
         return {name: np.stack([row[k] for row in rows if row is not None]) for k, name in enumerate(wanted)}
@@ -419,7 +438,9 @@ class ModelVersion:
         assert self._thread is not None
         labels = (self.name, str(self.version))
         inline = self.graph.is_full_model(names, wanted) and self._is_fast
-        batcher = Batcher(run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, labels, inline)
+        batcher = Batcher(
+            run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, labels, inline, self.statistics
+        )
         self._batchers[key] = batcher
         return batcher
 

@@ -11,9 +11,9 @@ import signal
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 from types import FrameType
 
 from starlette.applications import Starlette
@@ -34,11 +34,13 @@ from layerserve.http import (
     openapi,
     repository_routes,
     tfserving_routes,
+    triton_routes,
     v2_routes,
 )
 from layerserve.http.bodies import JSONResponse
 from layerserve.http.middleware import (
     AuthMiddleware,
+    CompressMiddleware,
     InternalErrorMiddleware,
     ObserveMiddleware,
     log_internal_error,
@@ -69,7 +71,7 @@ async def _layerserve_error(request: Request, error: Exception) -> Response:
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     message = f"no route {request.method} {request.url.path}" if error.status_code in (404, 405) else error.detail
-    return JSONResponse({"error": message}, status_code=error.status_code)
+    return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
 
 
 def _open_jobs(settings: Settings, on_version: OnVersion) -> tuple[JobRunner | None, str]:
@@ -104,6 +106,19 @@ async def _sample_process_forever(every_s: float = 1.0, gpu_every: int = 5) -> N
     for count in itertools.count():
         await asyncio.to_thread(sample_process, count % gpu_every == 0)
         await asyncio.sleep(every_s)
+
+
+def _middleware(settings: Settings) -> list[Middleware]:
+    """Outermost first: metrics and access log, the boundary of unexpected errors, tokens, compression."""
+    middleware = [
+        Middleware(ObserveMiddleware, log_requests=settings.access_log),
+        Middleware(InternalErrorMiddleware),
+    ]
+    if settings.admin_token or settings.api_token:
+        middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
+    if settings.compress_min_bytes:
+        middleware.append(Middleware(CompressMiddleware, minimum_size=settings.compress_min_bytes, compresslevel=1))
+    return middleware
 
 
 def app_from_environment() -> Starlette:
@@ -171,14 +186,10 @@ def create_app(settings: Settings, board: WorkerBoard | None = None) -> Starlett
             decode_pool.shutdown(wait=False, cancel_futures=True)
             await wait_closed(cache_backend)
 
-    middleware = [
-        Middleware(ObserveMiddleware, log_requests=settings.access_log),
-        Middleware(InternalErrorMiddleware),
-    ]
-    if settings.admin_token or settings.api_token:
-        middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
+    middleware = _middleware(settings)
     app = Starlette(
         routes=[
+            *triton_routes.routes,  # first: `/v2/models/stats` before `/v2/models/{model}`
             *v2_routes.routes,
             *repository_routes.routes,
             *layer_routes.routes,

@@ -1,4 +1,5 @@
-"""ASGI middleware: the boundary of unexpected errors, bearer-token auth, and request metrics with the access log."""
+"""ASGI middleware: the boundary of unexpected errors, bearer-token auth, request metrics with the access log,
+and compressed answers."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import logging
 import re
 import secrets
 import time
+import zlib
 from typing import Any
 
 import orjson
+from starlette.datastructures import Headers
+from starlette.middleware.gzip import GZipMiddleware, GZipResponder
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from layerserve.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS, SERVED_BY
@@ -19,8 +23,8 @@ access_log = logging.getLogger("layerserve.access")
 log = logging.getLogger(__name__)
 
 _MANAGEMENT = re.compile(
-    r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+|/labels/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)"
-)  # repository load/unload/index, apply (by version or label), train, and the jobs routes
+    r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+|/labels/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)|^/v2/logging$"
+)  # repository load/unload/index, apply (by version or label), train, the jobs routes and the log settings
 _PUBLIC = re.compile(r"^/v2/health/")
 
 
@@ -176,3 +180,33 @@ def _route_name(endpoint: Any) -> str:
         return "none"
     module = getattr(endpoint, "__module__", "").rsplit(".", 1)[-1].removesuffix("_routes")
     return f"{module}.{getattr(endpoint, '__name__', 'endpoint')}"
+
+
+class _DeflateResponder(GZipResponder):
+    """Starlette's gzip responder writing the zlib format of `Content-Encoding: deflate` instead."""
+
+    content_encoding = "deflate"
+
+    @property
+    def compressor(self) -> zlib._Compress:
+        """The zlib compressor of this answer (made on first use)."""
+        if self._compressor is None:
+            self._compressor = zlib.compressobj(self.compresslevel, zlib.DEFLATED, zlib.MAX_WBITS)
+        return self._compressor
+
+
+class CompressMiddleware(GZipMiddleware):
+    """Answers of at least `minimum_size` bytes are compressed when the client's Accept-Encoding asks:
+    gzip first, else deflate (Starlette's GZipMiddleware, which adds deflate here)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pick the encoding the client accepts, then answer."""
+        accepted = Headers(scope=scope).get("accept-encoding", "") if scope["type"] == "http" else ""
+        if "gzip" in accepted or "deflate" not in accepted:
+            await super().__call__(scope, receive, send)
+            return
+        responder = _DeflateResponder(
+            self.app, self.minimum_size, self.compresslevel, thread_minimum_size=self.thread_minimum_size,
+            exclude_content_types=self.exclude_content_types,
+        )  # fmt: skip
+        await responder(scope, receive, send)

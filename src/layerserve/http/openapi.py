@@ -124,6 +124,27 @@ def _tfserving_paths(suffix: str, operation: dict[str, Any], method: str) -> dic
     }  # fmt: skip
 
 
+# Its keys (log_file, log_info, log_warning, log_error, log_verbose_level, log_format) are not listed: the
+# fuzzer would change the test process's own log level with them.
+_LOG_SETTINGS = {"type": "object", "description": "Triton's log settings keys, any of them"}
+_LOAD = {
+    "type": "object",
+    "properties": {"parameters": {"type": "object", "properties": {"config": {"type": "string"}}}},
+}
+_UNSUPPORTED = _operation("Not supported by layerserve: a 400 that says so")
+
+
+def _shared_memory_paths(kind: str) -> dict[str, Any]:
+    prefix, region = f"/v2/{kind}sharedmemory", [_param("region")]
+    return {
+        f"{prefix}/status": {"get": _UNSUPPORTED},
+        f"{prefix}/region/{{region}}/status": {"get": _UNSUPPORTED, "parameters": region},
+        f"{prefix}/region/{{region}}/register": {"post": _UNSUPPORTED, "parameters": region},
+        f"{prefix}/region/{{region}}/unregister": {"post": _UNSUPPORTED, "parameters": region},
+        f"{prefix}/unregister": {"post": _UNSUPPORTED},
+    }
+
+
 def document() -> dict[str, Any]:
     """The OpenAPI 3.0 document of layerserve's HTTP API."""
     paths: dict[str, Any] = {
@@ -158,8 +179,26 @@ def document() -> dict[str, Any]:
             ),
             "parameters": [_param("model")],
         },
+        "/v2/models/stats": {"get": _operation("Inference statistics of every model (Triton's model_stats)")},
+        **_model_paths("/stats", _operation("Inference statistics (Triton's model_stats)"), "get"),
+        **_model_paths("/config", _operation("The Triton model configuration"), "get"),
+        "/v2/logging": {
+            "get": _operation("Log settings (Triton's keys)"),
+            "post": _operation("Change the log settings of this process", _json(_LOG_SETTINGS)),
+        },
+        "/v2/trace/setting": {"get": _UNSUPPORTED, "post": _UNSUPPORTED},
+        "/v2/models/{model}/trace/setting": {
+            "get": _UNSUPPORTED,
+            "post": _UNSUPPORTED,
+            "parameters": [_param("model")],
+        },
+        **_shared_memory_paths("system"),
+        **_shared_memory_paths("cuda"),
         "/v2/repository/index": {"post": _operation("Every version with its state and reason")},
-        "/v2/repository/models/{model}/load": {"post": _operation("(Re)load a model"), "parameters": [_param("model")]},
+        "/v2/repository/models/{model}/load": {
+            "post": _operation("(Re)load a model; parameters.config replaces config.yaml keys", _json(_LOAD)),
+            "parameters": [_param("model")],
+        },
         "/v2/repository/models/{model}/unload": {"post": _operation("Unload a model"), "parameters": [_param("model")]},
         "/v2/models/{model}/apply": {
             "post": _operation(

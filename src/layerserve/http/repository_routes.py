@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -12,6 +14,8 @@ from layerserve.http.v2_routes import parse_version
 from layerserve.protocols.v2 import load_json_object
 from layerserve.registry import ModelRegistry
 from layerserve.reloader import Reloader
+
+_MAX_LOAD_BYTES = 1024 * 1024
 
 
 def _reloader(request: Request) -> Reloader:
@@ -25,9 +29,31 @@ async def index(request: Request) -> Response:
     return JSONResponse(registry.index())
 
 
+def load_config(body: bytes) -> dict[str, Any] | None:
+    """The config of a Triton load request `{"parameters": {"config": "<JSON object>"}}`, if it has one.
+
+    Raises:
+        BadRequestError: not that shape, or another parameter (such as Triton's `file:` overrides).
+    """
+    parameters = load_json_object(body or b"{}", "the request body").get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequestError("the load request's parameters must be an object")
+    unknown = [key for key in parameters if key != "config"]
+    if unknown:
+        raise BadRequestError(f"load parameter '{unknown[0]}' is not supported; the only parameter is 'config'")
+    config = parameters.get("config")
+    if config is None or isinstance(config, dict):
+        return config
+    if not isinstance(config, str):
+        raise BadRequestError("load parameter 'config' must be a JSON object, or a string holding one")
+    return load_json_object(config.encode(), "load parameter 'config'")
+
+
 async def load(request: Request) -> Response:
-    """POST /v2/repository/models/{model}/load: (re)load from the repository; answers once settled."""
-    entry = await _reloader(request).load_model(request.path_params["model"])
+    """POST /v2/repository/models/{model}/load: (re)load from the repository, with `parameters.config`
+    replacing config.yaml keys; answers once settled."""
+    config = load_config(await read_body(request, _MAX_LOAD_BYTES))
+    entry = await _reloader(request).load_model(request.path_params["model"], config)
     return JSONResponse({"name": entry.spec.name, "versions": [str(v) for v in entry.ready_versions]})
 
 

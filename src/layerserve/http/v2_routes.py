@@ -12,7 +12,15 @@ from layerserve.http.bodies import JSONResponse, read_body
 from layerserve.protocols import v2
 from layerserve.registry import ModelEntry, ModelRegistry, ModelVersion
 
-EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "layer_outputs"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_repository",
+    "statistics",
+    "model_configuration",
+    "logging",
+    "layer_outputs",
+]
 
 
 def _registry(request: Request) -> ModelRegistry:
@@ -49,9 +57,7 @@ async def ready(request: Request) -> Response:
     began)."""
     board = request.app.state.board
     is_ready = (
-        _registry(request).is_ready
-        and not request.app.state.draining.is_set()
-        and (board is None or board.is_ready())
+        _registry(request).is_ready and not request.app.state.draining.is_set() and (board is None or board.is_ready())
     )
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 

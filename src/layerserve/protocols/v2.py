@@ -105,6 +105,11 @@ def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
     parameters = item.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise BadRequestError(f"{what}: parameters must be an object")
+    if "shared_memory_region" in parameters:
+        raise BadRequestError(
+            f"{what}: shared memory (shared_memory_region) is not supported by layerserve; "
+            "send tensors in the request body (binary tensor data)"
+        )
     return parameters
 
 
@@ -148,6 +153,7 @@ def _decode_input(
     name = item["name"]
     what = f"input '{name}'"
     spec = graph.spec(name, "input")
+    parameters = _parameters(item, what)
     shape = parse_shape(item.get("shape"), what)
     datatype = item.get("datatype")
     dtype = dtype_of(datatype, what)
@@ -156,7 +162,7 @@ def _decode_input(
             raise BadRequestError(f"{what}: encoded images need shape [N] or [N, 1], got {list(shape)}")
     else:
         check_against_spec(spec, str(datatype), shape)
-    size = _parameters(item, what).get("binary_data_size")
+    size = parameters.get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0 or offset + size > len(binary):
             raise BadRequestError(f"{what}: binary_data_size {size!r} runs past the binary data")
