@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import uvicorn
@@ -60,3 +63,31 @@ def start_server(settings: Settings, ready_timeout_s: float = 180) -> LiveServer
         time.sleep(0.1)
     live.stop()
     raise TimeoutError(f"server on port {port} not ready after {ready_timeout_s} s")
+
+
+def start_server_process(repository: Path, cache: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
+    """`layerserve serve` in a subprocess, logging to `server.log` beside the repository."""
+    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
+    command += ["--engine-cache-dir", str(cache), "--log-level", "warning", "--log-file", str(server_log(repository))]
+    return subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def server_log(repository: Path) -> Path:
+    """Where `start_server_process` logs."""
+    return repository.parent / "server.log"
+
+
+def wait_process_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> list[int]:
+    """Poll until ready; the liveness answers seen while it was not ready (status codes)."""
+    seen: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text() if log.exists() else "no log"
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
+                return seen
+            seen.append(httpx.get(f"{url}/v2/health/live", timeout=5).status_code)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not become ready")

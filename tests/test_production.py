@@ -25,7 +25,7 @@ from layerserve.gpu import MEMORY_LIMIT_VARIABLE, apply_settings, onnx_providers
 from layerserve.logs import JsonFormatter
 from layerserve.settings import Settings
 from tests.conftest import _save, build_mlp
-from tests.live_server import LiveServer, free_port, start_server
+from tests.live_server import LiveServer, free_port, server_log, start_server, start_server_process, wait_process_ready
 from tests.test_text import english_reviews
 
 ADMIN, API = "admin-secret-token", "api-secret-token"
@@ -115,33 +115,6 @@ def test_gpu_settings_reach_the_environment_and_providers(monkeypatch: pytest.Mo
     assert "CUDA_VISIBLE_DEVICES" not in os.environ and os.environ[MEMORY_LIMIT_VARIABLE] == "0"
 
 
-def _serve(repository: Path, cache: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
-    """`layerserve serve` in a subprocess, logging to `server.log` beside the repository."""
-    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
-    command += ["--engine-cache-dir", str(cache), "--log-level", "warning", "--log-file", str(_log(repository))]
-    return subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _log(repository: Path) -> Path:
-    return repository.parent / "server.log"
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> list[int]:
-    """Poll until ready; the liveness answers seen while it was not ready (status codes)."""
-    seen: list[int] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text() if log.exists() else "no log"
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
-                return seen
-            seen.append(httpx.get(f"{url}/v2/health/live", timeout=5).status_code)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not become ready")
-
-
 @pytest.mark.slow
 def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
@@ -155,9 +128,9 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
     (repo / "mlp" / "config.yaml").write_text("version_policy: {all: true}\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = _serve(repo, tmp_path / "cache", port, "--workers", "2", "--reload-interval-s", "0.5")
+    process = start_server_process(repo, tmp_path / "cache", port, "--workers", "2", "--reload-interval-s", "0.5")
     try:
-        seen_live = _wait_ready(url, process, _log(repo))
+        seen_live = wait_process_ready(url, process, server_log(repo))
         # A worker accepts connections only once loaded: liveness waited or answered 200, never anything else.
         assert set(seen_live) <= {200}
         # From the first 200 of readiness on, every worker has loaded: no request meets one still loading.
@@ -318,8 +291,8 @@ def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_pa
     (tmp_path / "repo" / "slow" / "config.yaml").write_text("max_batch_size: 10000\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = _serve(tmp_path / "repo", tmp_path / "cache", port, "--shutdown-timeout-s", "60")
-    _wait_ready(url, process, _log(tmp_path / "repo"))
+    process = start_server_process(tmp_path / "repo", tmp_path / "cache", port, "--shutdown-timeout-s", "60")
+    wait_process_ready(url, process, server_log(tmp_path / "repo"))
     rows = np.random.default_rng(0).normal(size=(10000, 1024)).astype(np.float32)
     header = json.dumps({"inputs": [{"name": "x", "shape": [10000, 1024], "datatype": "FP32",
                                      "parameters": {"binary_data_size": rows.nbytes}}]}).encode()  # fmt: skip
