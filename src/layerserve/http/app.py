@@ -70,7 +70,12 @@ async def _layerserve_error(request: Request, error: Exception) -> Response:
 
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
-    message = f"no route {request.method} {request.url.path}" if error.status_code in (404, 405) else error.detail
+    message = error.detail
+    if error.status_code == 404:
+        message = f"no route {request.method} {request.url.path}"
+    elif error.status_code == 405:
+        allowed = (error.headers or {}).get("Allow", "")
+        message = f"method {request.method} is not allowed on {request.url.path}; allowed: {allowed}"
     return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
 
 
