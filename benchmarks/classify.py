@@ -15,7 +15,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server, sample_jpeg
-from layerserve.bench import BenchOptions, print_report, run_bench
+from layerserve.bench.generator import BenchOptions, print_report, run_bench
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import urllib.request
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server
-from layerserve.bench import Workload, build_workload, run_step
+from layerserve.bench.generator import Workload, build_workload, run_step
 
 
 def _first_request_s(url: str, workload: Workload) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server
-from layerserve.bench import build_workload, run_step
+from layerserve.bench.generator import build_workload, run_step
 
 
 def reload_forever(

@@ -15,7 +15,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server
-from layerserve.bench import BenchOptions, print_report, run_bench
+from layerserve.bench.generator import BenchOptions, print_report, run_bench
 
 
 def main() -> None:

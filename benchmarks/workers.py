@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server, sample_jpeg
-from layerserve.bench import BenchOptions, run_bench
+from layerserve.bench.generator import BenchOptions, run_bench
 from layerserve.demo import build_demo_repository
 from train_stall import chinese_reviews
 

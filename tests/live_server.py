@@ -14,6 +14,7 @@ import httpx
 import uvicorn
 
 from layerserve import create_app
+from layerserve.runtime import Runtime
 from layerserve.settings import Settings
 
 
@@ -45,9 +46,9 @@ class LiveServer:
 
 
 def start_server(settings: Settings, ready_timeout_s: float = 180) -> LiveServer:
-    """Start uvicorn with create_app(settings) and return once /v2/health/ready answers 200."""
+    """Start uvicorn with create_app(Runtime(settings)) and return once /v2/health/ready answers 200."""
     port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(create_app(Runtime(settings)), host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from layerserve.batcher import Batcher, QueueBudget
 from layerserve.errors import DeadlineExceededError, EngineProcessError, LayerserveError, QueueFullError
+from layerserve.serving.batcher import Batcher, QueueBudget
 from layerserve.tensors import Array
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from layerserve.bench import BenchOptions, build_workload, run_bench
+from layerserve.bench.generator import BenchOptions, build_workload, run_bench
 from tests.live_server import LiveServer
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import redis
 
-from layerserve.cache import FeatureCache, InProcessBackend, RedisBackend, decode_arrays, encode_arrays
-from layerserve.feature_store import FeatureStore, StoredFeature
+from layerserve.features.cache import FeatureCache, InProcessBackend, RedisBackend, decode_arrays, encode_arrays
+from layerserve.features.feature_store import FeatureStore, StoredFeature
 from tests.live_server import free_port
 
 pytestmark = pytest.mark.anyio

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from layerserve.cuts import CutCache
-from layerserve.layers import LayerGraph
-from layerserve.model import file_digest, read_signature
-from layerserve.prepare import ModelSource, Preparer
+from layerserve.lifecycle.model import file_digest, read_signature
+from layerserve.lifecycle.prepare import ModelSource, Preparer
+from layerserve.serving.cuts import CutCache
+from layerserve.serving.layers import LayerGraph
 from layerserve.settings import Settings
 from tests.conftest import _save, build_multi
 

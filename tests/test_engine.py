@@ -9,11 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerserve.engine import KerasEngine, Verdict, choose_engine, export_and_verify, onnx_cache_path, probe_batch
+from layerserve.engines.base import Verdict, onnx_cache_path, probe_batch
+from layerserve.engines.choice import choose_engine
+from layerserve.engines.keras import KerasEngine
+from layerserve.engines.onnx import export_and_verify
 from layerserve.errors import ModelLoadError
-from layerserve.layers import LayerGraph
-from layerserve.model import file_digest, read_signature
-from layerserve.prepare import ModelSource, Preparer, read_record
+from layerserve.lifecycle.model import file_digest, read_signature
+from layerserve.lifecycle.prepare import ModelSource, Preparer, read_record
+from layerserve.serving.layers import LayerGraph
 from tests.conftest import _save, build_multi, build_nested
 
 

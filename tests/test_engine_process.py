@@ -7,22 +7,20 @@ import multiprocessing
 import os
 import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from layerserve.engine import OnnxEngine, export_and_verify, probe_batch
-from layerserve.engine_process import (
-    ProcessOnnxEngine,
-    _Channel,
-    engine_processes_usage,
-    model_file_digest,
-    stop_idle_processes,
-)
+from layerserve.engines.base import probe_batch
+from layerserve.engines.onnx import OnnxEngine, export_and_verify
+from layerserve.engines.process.channel import Channel
+from layerserve.engines.process.engine import ProcessOnnxEngine
+from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.errors import ModelLoadError
-from layerserve.model import file_digest, read_signature
+from layerserve.lifecycle.model import file_digest, read_signature
 from layerserve.settings import Settings
 from tests.conftest import _save, build_mlp, build_multi, load_reference
 from tests.live_server import start_server
@@ -38,6 +36,14 @@ def multi_graph(tmp_path: Path) -> tuple[object, Path]:
     return model, graph
 
 
+@pytest.fixture
+def pool() -> Iterator[EngineProcessPool]:
+    """An engine-process pool that takes every graph; its idle processes are stopped after the test."""
+    processes = EngineProcessPool(0)
+    yield processes
+    processes.stop_idle()
+
+
 def is_running(pid: int) -> bool:
     """Whether a process with this id exists and is not a zombie."""
     try:
@@ -48,7 +54,7 @@ def is_running(pid: int) -> bool:
 
 def test_arrays_of_every_kind_cross_the_channel_unchanged() -> None:
     ours, theirs = multiprocessing.Pipe()
-    sender, receiver = _Channel(ours), _Channel(theirs)
+    sender, receiver = Channel(ours), Channel(theirs)
     rng = np.random.default_rng(5)
     for rows in (3, 400, 2_000):  # all inline, then through shared memory, then a grown buffer
         arrays = [
@@ -70,10 +76,12 @@ def test_arrays_of_every_kind_cross_the_channel_unchanged() -> None:
     theirs.close()
 
 
-def test_process_engine_equals_the_in_process_engine_and_keras(multi_graph: tuple[object, Path]) -> None:
+def test_process_engine_equals_the_in_process_engine_and_keras(
+    multi_graph: tuple[object, Path], pool: EngineProcessPool
+) -> None:
     model, graph = multi_graph
     inputs = read_signature(model).inputs
-    local, remote = OnnxEngine(graph, inputs, 1), ProcessOnnxEngine(graph, inputs, 1, 2)
+    local, remote = OnnxEngine(graph, inputs, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 2)
     try:
         rng = np.random.default_rng(0)
         # 7 rows travel inside the message; 30,000 rows (480 KB of features) through shared memory, which
@@ -93,35 +101,38 @@ def test_process_engine_equals_the_in_process_engine_and_keras(multi_graph: tupl
         remote.close()
 
 
-def test_a_closed_engines_process_is_kept_for_the_next_one(multi_graph: tuple[object, Path]) -> None:
+def test_a_closed_engines_process_is_kept_for_the_next_one(
+    multi_graph: tuple[object, Path], pool: EngineProcessPool
+) -> None:
     _, graph = multi_graph
     inputs = read_signature(build_multi()).inputs
-    stop_idle_processes()
-    first = ProcessOnnxEngine(graph, inputs, 1, 1)
+    first = ProcessOnnxEngine(pool, graph, inputs, 1, 1)
     pid = first.pid
     assert pid is not None and is_running(pid)
-    assert engine_processes_usage()[1] > 10_000_000  # its resident memory counts as the server's
+    assert pool.usage()[1] > 10_000_000  # its resident memory counts as the server's
     first.close()
     assert first.pid is None and is_running(pid)  # kept, without a session
-    engines = [ProcessOnnxEngine(graph, inputs, 1, 1) for _ in range(3)]
+    engines = [ProcessOnnxEngine(pool, graph, inputs, 1, 1) for _ in range(3)]
     pids = [engine.pid for engine in engines]
     assert pids[0] == pid and len(set(pids)) == 3 and None not in pids  # the kept one, then two new ones
     for engine in engines:
         engine.close()
     running = [other for other in pids if other is not None and is_running(other)]
     assert len(running) == 2  # two are kept; the third stopped
-    stop_idle_processes()
+    pool.stop_idle()
     assert not any(is_running(other) for other in running)
 
 
-def test_an_unreadable_graph_is_a_load_error(tmp_path: Path, multi_graph: tuple[object, Path]) -> None:
+def test_an_unreadable_graph_is_a_load_error(
+    tmp_path: Path, multi_graph: tuple[object, Path], pool: EngineProcessPool
+) -> None:
     _, graph = multi_graph
     inputs = read_signature(build_multi()).inputs
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"not a protobuf at all" * 100)
     with pytest.raises(ModelLoadError, match=r"ONNX Runtime could not open garbage\.onnx"):
-        ProcessOnnxEngine(garbage, inputs, 1, 1)
-    engine = ProcessOnnxEngine(graph, inputs, 1, 1)  # the process that refused it opens the next one
+        ProcessOnnxEngine(pool, garbage, inputs, 1, 1)
+    engine = ProcessOnnxEngine(pool, graph, inputs, 1, 1)  # the process that refused it opens the next one
     try:
         assert engine.run(probe_batch(inputs, 2))[1].shape == (2, 5)
     finally:
@@ -170,14 +181,17 @@ def test_big_model_files_are_hashed_in_an_engine_process(tmp_path: Path) -> None
     model_file = tmp_path / "model.keras"
     model_file.write_bytes(np.random.default_rng(0).bytes(3_000_000))
     here = file_digest(model_file)
-    stop_idle_processes()
-    assert model_file_digest(model_file, None) == here  # no threshold: hashed in this process
-    assert model_file_digest(model_file, 1_000_000) == here  # over it: in an engine process, the same digest
-    assert engine_processes_usage()[1] > 0  # that process is kept for the session that follows
+    small, big = EngineProcessPool(10_000_000), EngineProcessPool(1_000_000)
+    try:
+        assert small.digest(model_file) == here and small.usage()[1] == 0  # under its threshold: hashed here
+        assert big.digest(model_file) == here  # over it: in an engine process, the same digest
+        assert big.usage()[1] > 0  # that process is kept for the session that follows
+    finally:
+        big.stop_idle()
     model_file.unlink()
     with pytest.raises(FileNotFoundError):
-        model_file_digest(model_file, None)
+        small.digest(model_file)
     folder = tmp_path / "saved"
     (folder / "variables").mkdir(parents=True)
     (folder / "saved_model.pb").write_bytes(b"graph")
-    assert model_file_digest(folder, 0) == file_digest(folder)  # a SavedModel folder is hashed here
+    assert EngineProcessPool(0).digest(folder) == file_digest(folder)  # a SavedModel folder is hashed here

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from layerserve.settings import Settings
-from layerserve.training import TextTrainingParams, train_text_classifier, write_version
+from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
 from tests.conftest import _save, build_mlp
 from tests.live_server import start_server
 from tests.test_text import english_reviews
@@ -106,7 +106,7 @@ def test_nothing_is_unpickled_but_the_demo_checkpoint() -> None:
 def test_job_records_of_an_older_layerserve_are_read_and_upgraded(tmp_path: Path) -> None:
     import sqlite3
 
-    from layerserve.job_store import JobState, JobStore
+    from layerserve.training.job_store import JobState, JobStore
 
     old = sqlite3.connect(tmp_path / "jobs.sqlite3")
     old.execute(

@@ -22,12 +22,12 @@ from hypothesis.extra import numpy as hnp
 from schemathesis.checks import CHECKS, load_all_checks, not_a_server_error, positive_data_acceptance
 from starlette.routing import Route
 
-from layerserve.http.openapi import document
-from layerserve.layers import LayerGraph
-from layerserve.model import Signature
+from layerserve.lifecycle.model import Signature
 from layerserve.protocols.v2 import encode_infer_response, parse_infer_request
+from layerserve.serving.layers import LayerGraph
 from layerserve.settings import Settings
 from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
+from layerserve.transports.http.openapi import document
 from tests.conftest import _save, build_mlp
 from tests.live_server import free_port, server_log, start_server, start_server_process, wait_process_ready
 
@@ -76,9 +76,10 @@ def _send_gzipped(case: Any, url: str) -> httpx.Response:
 
 def test_openapi_lists_every_route(fuzz_url: str) -> None:
     from layerserve import create_app
+    from layerserve.runtime import Runtime
 
     documented = set(document()["paths"])
-    app = create_app(Settings(model_repository=Path("/nonexistent")))
+    app = create_app(Runtime(Settings(model_repository=Path("/nonexistent"))))
     routes = {route.path for route in app.routes if isinstance(route, Route)}
     assert routes == documented
     served = httpx.get(f"{fuzz_url}/openapi.json").json()

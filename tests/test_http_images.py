@@ -248,7 +248,7 @@ def test_batch_read_of_stored_features(demo_server: LiveServer) -> None:
 
 
 def test_bench_image_workload_with_ceiling(demo_server: LiveServer, demo_repository: Path, tmp_path: Path) -> None:
-    from layerserve.bench import BenchOptions, run_bench
+    from layerserve.bench.generator import BenchOptions, run_bench
 
     photo_file = tmp_path / "cat.jpg"
     photo_file.write_bytes(as_jpeg(photo("chelsea.png")))

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from layerserve.settings import Settings
-from layerserve.text import Tokenizer
+from layerserve.training.tokenizer import Tokenizer
 from tests.conftest import build_mlp, build_multi, build_scalar, build_tiny_image, build_tiny_text, load_reference
 from tests.live_server import LiveServer, start_server
 
@@ -67,9 +67,9 @@ def test_predict_errors(server: LiveServer) -> None:
 
 
 def test_b64_values_decode_to_bytes() -> None:
-    from layerserve.layers import LayerGraph
-    from layerserve.model import Signature
+    from layerserve.lifecycle.model import Signature
     from layerserve.protocols.tfserving import encode_predict_response, parse_predict_request
+    from layerserve.serving.layers import LayerGraph
     from layerserve.tensors import TensorSpec
 
     signature = LayerGraph(Signature((TensorSpec("text", "BYTES", (-1,)),), (TensorSpec("text", "BYTES", (-1,)),)))

@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 from layerserve.errors import PayloadTooLargeError
-from layerserve.images import ImageSpec, UnprocessableImageError, decode, load_one, preprocess
-from layerserve.labels import imagenet_labels, top_k
-from layerserve.pooling import pool_features
+from layerserve.features.images import ImageSpec, UnprocessableImageError, decode, load_one, preprocess
+from layerserve.features.labels import imagenet_labels, top_k
+from layerserve.features.pooling import pool_features
 from layerserve.settings import ModelConfig
 from layerserve.tensors import TensorSpec
 

@@ -20,9 +20,9 @@ import numpy as np
 import orjson
 import pytest
 
-from layerserve.datasets import format_of, parse_dataset, resolve_data_path
 from layerserve.errors import BadRequestError, NotFoundError
 from layerserve.settings import Settings
+from layerserve.training.datasets import format_of, parse_dataset, resolve_data_path
 from tests.conftest import _save, build_mlp
 from tests.live_server import LiveServer, start_server
 from tests.test_text import NEGATIVE, POSITIVE, chinese_reviews, english_reviews, reference_scores
@@ -191,7 +191,7 @@ def _job_process(job_id: str) -> int:
             command = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"layerserve.train_job" in command and any(job_id.encode() in part for part in command):
+        if b"layerserve.training.train_job" in command and any(job_id.encode() in part for part in command):
             return int(entry.name)
     raise AssertionError(f"no process for job {job_id}")
 

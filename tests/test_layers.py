@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from layerserve.errors import BadRequestError
-from layerserve.layers import LayerGraph, LayerInfo
-from layerserve.model import read_signature
+from layerserve.lifecycle.model import read_signature
+from layerserve.serving.layers import LayerGraph, LayerInfo
 from tests.conftest import build_mobilenet, build_multi, build_nested, build_sequential
 
 

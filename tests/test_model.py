@@ -8,7 +8,7 @@ import keras
 import pytest
 
 from layerserve.errors import ModelLoadError
-from layerserve.model import file_digest, find_model_file, load_model, read_signature
+from layerserve.lifecycle.model import file_digest, find_model_file, load_model, read_signature
 from tests.conftest import build_lambda, build_multi, build_sequential
 
 

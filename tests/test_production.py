@@ -319,7 +319,7 @@ def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_pa
 
 
 def test_sigterm_turns_readiness_off_before_the_server_stops() -> None:
-    from layerserve.http.app import _turn_unready_on_sigterm
+    from layerserve.transports.http.app import _turn_unready_on_sigterm
 
     calls: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda number, frame: calls.append(number))

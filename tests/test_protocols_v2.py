@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from layerserve.errors import BadRequestError
-from layerserve.layers import LayerGraph
-from layerserve.model import Signature
+from layerserve.lifecycle.model import Signature
 from layerserve.protocols.v2 import encode_infer_response, parse_infer_request
+from layerserve.serving.layers import LayerGraph
 from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
 
 NUMERIC = [name for name in DATATYPE_TO_DTYPE if name != "BYTES"]

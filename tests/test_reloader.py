@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from layerserve.errors import ConfigError, NotFoundError
-from layerserve.registry import ModelRegistry
-from layerserve.reloader import LoadFailedError, Reloader
-from layerserve.repository import PIN_FILE
+from layerserve.lifecycle.reloader import LoadFailedError, Reloader
+from layerserve.lifecycle.repository import PIN_FILE
+from layerserve.serving.registry import ModelRegistry
 from layerserve.settings import Settings
 from tests.conftest import build_mlp
 

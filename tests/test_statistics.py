@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerserve.batcher import Batcher, QueueBudget
 from layerserve.errors import NotReadyError
+from layerserve.serving.batcher import Batcher, QueueBudget
+from layerserve.serving.statistics import VersionStatistics
+from layerserve.serving.version import ModelVersion
 from layerserve.settings import ModelConfig
-from layerserve.statistics import VersionStatistics
 from layerserve.tensors import Array
-from layerserve.version import ModelVersion
 
 pytestmark = pytest.mark.anyio
 

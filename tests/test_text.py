@@ -16,11 +16,11 @@ import numpy as np
 import orjson
 import pytest
 
-from layerserve.bench import BenchOptions, run_bench
+from layerserve.bench.generator import BenchOptions, run_bench
 from layerserve.errors import BadRequestError
 from layerserve.settings import Settings
-from layerserve.text import Tokenizer
-from layerserve.training import TextTrainingParams, check_dataset, train_text_classifier, write_version
+from layerserve.training.recipe import TextTrainingParams, check_dataset, train_text_classifier, write_version
+from layerserve.training.tokenizer import Tokenizer
 from tests.live_server import LiveServer, start_server
 
 POSITIVE, NEGATIVE = "房间很干净，服务很好，下次还会再来。", "质量太差了，非常失望，不推荐。"

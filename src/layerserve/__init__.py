@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from layerserve.http.app import create_app
     from layerserve.settings import Settings
+    from layerserve.transports.http.app import create_app
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that `layerserve --help` does not import the web stack.
     if name == "create_app":
-        from layerserve.http.app import create_app
+        from layerserve.transports.http.app import create_app
 
         return create_app
     if name == "Settings":

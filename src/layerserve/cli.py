@@ -18,7 +18,7 @@ from layerserve import __version__
 from layerserve.errors import LayerserveError
 from layerserve.logs import configure_logging
 from layerserve.settings import Settings, load_settings
-from layerserve.training import TextTrainingParams
+from layerserve.training.recipe import TextTrainingParams
 
 log = logging.getLogger("layerserve")
 
@@ -54,8 +54,9 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from layerserve.gpu import apply_settings
-    from layerserve.http.app import SETTINGS_VARIABLE, create_app
-    from layerserve.worker_board import FOLDER_VARIABLE
+    from layerserve.lifecycle.worker_board import FOLDER_VARIABLE
+    from layerserve.runtime import Runtime
+    from layerserve.transports.http.app import SETTINGS_VARIABLE, create_app
 
     settings = _settings(args, model_repository=args.repository)
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
@@ -71,7 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
         "timeout_graceful_shutdown": settings.shutdown_timeout_s,
     }  # fmt: skip
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), **options)
+        uvicorn.run(create_app(Runtime(settings)), **options)
         return 0
     # Each worker is a new process that builds the app and loads the models itself (nothing is loaded
     # here, before the workers start); their metrics are kept in files that /metrics sums, and their
@@ -82,7 +83,9 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ[FOLDER_VARIABLE] = board_dir
     os.environ[SETTINGS_VARIABLE] = settings.model_dump_json()
     try:
-        uvicorn.run("layerserve.http.app:app_from_environment", factory=True, workers=settings.workers, **options)
+        uvicorn.run(
+            "layerserve.transports.http.app:app_from_environment", factory=True, workers=settings.workers, **options
+        )
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         shutil.rmtree(board_dir, ignore_errors=True)
@@ -91,8 +94,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _models(args: argparse.Namespace) -> int:
     from layerserve.errors import ModelLoadError
-    from layerserve.model import find_model_file, load_model, read_signature
-    from layerserve.repository import scan
+    from layerserve.lifecycle.model import find_model_file, load_model, read_signature
+    from layerserve.lifecycle.repository import scan
 
     settings = _settings(args, model_repository=args.repository)
     for spec in scan(settings.model_repository):
@@ -112,7 +115,7 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from layerserve.bench import BenchOptions, print_report, run_bench
+    from layerserve.bench.generator import BenchOptions, print_report, run_bench
 
     options = BenchOptions(
         url=args.url.rstrip("/"), model=args.model, workload=args.workload, concurrency=args.concurrency,
@@ -128,10 +131,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from layerserve.datasets import format_of, parse_dataset
-    from layerserve.reloader import check_model_name
-    from layerserve.repository import write_pin
-    from layerserve.training import (
+    from layerserve.lifecycle.reloader import check_model_name
+    from layerserve.lifecycle.repository import write_pin
+    from layerserve.training.datasets import format_of, parse_dataset
+    from layerserve.training.recipe import (
         TextTrainingParams,
         check_dataset,
         check_text_model,

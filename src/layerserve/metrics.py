@@ -82,13 +82,12 @@ def set_model_state(name: str, version: int, state: str | None) -> None:
             MODEL_STATE.labels(name, str(version), known).set(1.0 if known == state else 0.0)
 
 
-def sample_process(with_gpu: bool = True) -> None:
-    """Refresh the process (and GPU) gauges; each worker does, so that /metrics can sum them."""
+def sample_process(engine_usage: tuple[float, int] = (0.0, 0), with_gpu: bool = True) -> None:
+    """Refresh the process (and GPU) gauges, counting the engine processes' `(CPU seconds, resident bytes)` as
+    this process's; each worker does, so that /metrics can sum them."""
     import resource
 
-    from layerserve.engine_process import engine_processes_usage
-
-    engine_cpu_seconds, engine_resident = engine_processes_usage()
+    engine_cpu_seconds, engine_resident = engine_usage
     usage = resource.getrusage(resource.RUSAGE_SELF)
     PROCESS_CPU_SECONDS.set(usage.ru_utime + usage.ru_stime + engine_cpu_seconds)
     with contextlib.suppress(OSError, ValueError, IndexError):

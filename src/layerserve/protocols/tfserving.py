@@ -11,9 +11,9 @@ import numpy as np
 import orjson
 
 from layerserve.errors import BadRequestError
-from layerserve.layers import LayerGraph
-from layerserve.model import Signature
+from layerserve.lifecycle.model import Signature
 from layerserve.protocols.v2 import check_model_inputs, load_json_object
+from layerserve.serving.layers import LayerGraph
 from layerserve.tensors import Array, TensorSpec, array_from_json, check_against_spec, check_batch_sizes
 
 _TF_DTYPES = {

@@ -9,11 +9,11 @@ import numpy as np
 import orjson
 
 from layerserve.errors import BadRequestError
-from layerserve.labels import top_k
-from layerserve.layers import LayerGraph
-from layerserve.model import Signature
+from layerserve.features.labels import top_k
+from layerserve.lifecycle.model import Signature
 from layerserve.protocols.tfserving import bytes_array, check_signature_name, decode_b64
 from layerserve.protocols.v2 import check_model_inputs, load_json_object
+from layerserve.serving.layers import LayerGraph
 from layerserve.tensors import Array, TensorSpec, array_from_json, check_against_spec
 
 _REGRESSION_SHAPES = ((-1,), (-1, 1))

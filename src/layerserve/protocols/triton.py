@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from layerserve.serving.version import ModelVersion
 from layerserve.settings import VersionPolicy
 from layerserve.tensors import TensorSpec
-from layerserve.version import ModelVersion
 
 
 def triton_datatype(datatype: str) -> str:

@@ -13,8 +13,8 @@ import numpy as np
 import orjson
 
 from layerserve.errors import BadRequestError
-from layerserve.labels import top_k
-from layerserve.layers import LayerGraph
+from layerserve.features.labels import top_k
+from layerserve.serving.layers import LayerGraph
 from layerserve.tensors import (
     Array,
     array_from_json,

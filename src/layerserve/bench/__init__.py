@@ -1,0 +1,1 @@
+"""The load generator (`layerserve bench`) and its bare-stack baseline: outside the serving path."""

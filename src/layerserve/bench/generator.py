@@ -1,0 +1,389 @@
+"""`layerserve bench`: a closed-loop HTTP load generator with an in-process ceiling and a bare baseline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from multiprocessing.pool import Pool
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import orjson
+
+from layerserve.engines.base import probe_batch
+from layerserve.engines.process.pool import EngineProcessPool
+from layerserve.errors import BadRequestError
+from layerserve.tensors import TensorSpec
+
+WORKLOADS = ("tensor", "tensor-json", "image", "text")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One request, sent again and again: its HTTP bytes and how many samples (rows) it carries."""
+
+    kind: str
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    rows: int
+
+    def raw_request(self, host: str) -> bytes:
+        """The whole HTTP/1.1 request, encoded once."""
+        lines = [f"POST {self.path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(self.body)}"]
+        lines += [f"{name}: {value}" for name, value in self.headers.items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + self.body
+
+
+@dataclass
+class StepResult:
+    """What one concurrency level measured."""
+
+    concurrency: int
+    duration_s: float
+    requests: int
+    req_s: float
+    samples_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    errors: dict[str, int] = field(default_factory=dict)
+    server_cpu_percent: float | None = None
+    server_rss_bytes: float | None = None
+    client_cpu_percent: float = 0.0
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as response:  # the user's own server URL
+        return json.loads(response.read())
+
+
+def build_workload(
+    url: str,
+    model: str,
+    kind: str,
+    rows: int,
+    image: Path | None,
+    outputs: tuple[str, ...] = (),
+    use_cache: bool = True,
+    text: str = "",
+) -> Workload:
+    """The request for a workload, built from the model's metadata (tensor) or an image file (image).
+
+    `outputs` names the outputs or layers to ask for (default: the model's outputs); for the image
+    workload, a layer makes it `/features?layer=...` instead of `/classify`. The text workload sends
+    `rows` copies of `text` to `/classify`.
+
+    Raises:
+        BadRequestError: an unknown workload, or an image workload without an image file.
+    """
+    if kind == "text":
+        body = orjson.dumps({"texts": [text] * rows})
+        path = f"/v2/models/{model}/classify?cache={'true' if use_cache else 'false'}"
+        return Workload(kind, path, body, {"Content-Type": "application/json"}, rows)
+    if kind == "image":
+        if image is None:
+            raise BadRequestError("the image workload needs --image FILE")
+        media = "image/png" if image.suffix.lower() == ".png" else "image/jpeg"
+        route = f"features?layer={outputs[0]}&" if outputs else "classify?"
+        path = f"/v2/models/{model}/{route}cache={'true' if use_cache else 'false'}"
+        return Workload(kind, path, image.read_bytes(), {"Content-Type": media}, 1)
+    if kind not in WORKLOADS:
+        raise BadRequestError(f"workload must be one of {', '.join(WORKLOADS)}, got {kind!r}")
+    meta = _get_json(f"{url}/v2/models/{model}")
+    specs = tuple(TensorSpec(i["name"], i["datatype"], tuple(i["shape"])) for i in meta["inputs"])
+    batch = probe_batch(specs, rows)
+    path = f"/v2/models/{model}/infer"
+    wanted: dict[str, object] = {"outputs": [{"name": name} for name in outputs]} if outputs else {}
+    parameters: dict[str, object] = {} if use_cache else {"cache": False}
+    if kind == "tensor-json":
+        inputs = [{"name": s.name, "shape": list(a.shape), "datatype": s.datatype, "data": a.reshape(-1)}
+                  for s, a in zip(specs, batch, strict=True)]  # fmt: skip
+        body = orjson.dumps({"inputs": inputs, **wanted, "parameters": parameters}, option=orjson.OPT_SERIALIZE_NUMPY)
+        return Workload(kind, path, body, {"Content-Type": "application/json"}, rows)
+    inputs = [{"name": s.name, "shape": list(a.shape), "datatype": s.datatype,
+               "parameters": {"binary_data_size": a.nbytes}} for s, a in zip(specs, batch, strict=True)]  # fmt: skip
+    header = orjson.dumps({"inputs": inputs, **wanted, "parameters": {"binary_data_output": True, **parameters}})
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
+    return Workload(kind, path, header + b"".join(a.tobytes() for a in batch), headers, rows)
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    match = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+    await reader.readexactly(int(match.group(1)) if match else 0)
+    return status
+
+
+async def _connection(host: str, port: int, request: bytes, stop_at: float, out: list[tuple[float, int]]) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while time.perf_counter() < stop_at:
+            started = time.perf_counter()
+            writer.write(request)
+            try:
+                status = await _read_response(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                out.append((time.perf_counter() - started, 0))
+                writer.close()
+                reader, writer = await asyncio.open_connection(host, port)
+                continue
+            out.append((time.perf_counter() - started, status))
+    finally:
+        writer.close()
+
+
+def _client_process(args: tuple[str, int, bytes, int, float]) -> tuple[list[tuple[float, int]], float]:
+    """One load-generating process: `connections` closed loops for `seconds`; (latency, status)s and CPU s."""
+    host, port, request, connections, seconds = args
+    out: list[tuple[float, int]] = []
+    cpu_started = time.process_time()
+
+    async def main() -> None:
+        stop_at = time.perf_counter() + seconds
+        await asyncio.gather(*(_connection(host, port, request, stop_at, out) for _ in range(connections)))
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+    return out, time.process_time() - cpu_started
+
+
+def _process_metrics(url: str) -> tuple[float, float] | None:
+    """The server's (CPU seconds, RSS bytes) from its /metrics, or None if it has none."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    # One line per worker process (`{pid="..."}`) with several workers, one line without labels otherwise.
+    cpu = re.findall(r"^layerserve_process_cpu_seconds(?:\{[^}]*\})? (\S+)$", text, re.M)
+    rss = re.findall(r"^layerserve_process_resident_memory_bytes(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return (sum(map(float, cpu)), sum(map(float, rss))) if cpu and rss else None
+
+
+def run_step(url: str, workload: Workload, concurrency: int, seconds: float, pool: Pool) -> StepResult:
+    """Drive the server with `concurrency` closed-loop connections, spread over the pool's processes."""
+    address = urlsplit(url)
+    host, port = address.hostname or "127.0.0.1", address.port or 80
+    request = workload.raw_request(f"{host}:{port}")
+    processes = max(1, min(pool._processes, concurrency))  # type: ignore[attr-defined]  # Pool's size
+    shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
+    before = _process_metrics(url)
+    started = time.perf_counter()
+    jobs = [(host, port, request, n, seconds) for n in shares]
+    per_process = pool.map(_client_process, jobs)
+    elapsed = time.perf_counter() - started
+    samples = [sample for part, _ in per_process for sample in part]
+    after = _process_metrics(url)
+    ok = [latency for latency, status in samples if status == 200]
+    errors = Counter(str(status) if status else "connection" for _, status in samples if status != 200)
+    ms = np.array(ok or [math.nan]) * 1000
+    result = StepResult(
+        concurrency, seconds, len(samples), len(ok) / seconds, len(ok) * workload.rows / seconds,
+        float(np.percentile(ms, 50)), float(np.percentile(ms, 90)), float(np.percentile(ms, 99)), dict(errors),
+    )  # fmt: skip
+    result.client_cpu_percent = 100 * sum(cpu for _, cpu in per_process) / seconds
+    if before and after:
+        result.server_cpu_percent = 100 * (after[0] - before[0]) / elapsed
+        result.server_rss_bytes = after[1]
+    return result
+
+
+def in_process_ceiling(
+    repository: Path, model: str, workload: Workload, batch_sizes: list[int], seconds: float
+) -> dict[int, float]:
+    """Samples/s of the model on the engine the server uses, per batch size (images: decode included)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from layerserve.features.images import load_one
+    from layerserve.lifecycle.prepare import Preparer
+    from layerserve.lifecycle.repository import scan
+    from layerserve.serving.registry import ModelVersion
+    from layerserve.settings import Settings
+
+    specs = [spec for spec in scan(repository) if spec.name == model]
+    if not specs or not specs[0].versions:
+        raise BadRequestError(f"model {model!r} has no version in {repository}")
+    number, path = max(specs[0].versions.items())
+    version = ModelVersion(model, number, path, specs[0].config)
+    settings = Settings(model_repository=repository)
+    processes = EngineProcessPool(int(settings.engine_process_min_mb * 1_000_000))
+    exporter, preparer = ThreadPoolExecutor(1), Preparer()
+    version.load(settings, exporter, preparer, processes)
+    if version.engine is None:
+        raise BadRequestError(f"model {model!r} failed to load: {version.reason}")
+    engine, image = version.engine, version.image
+    rates = {}
+    with ThreadPoolExecutor() as decoders:
+        for size in batch_sizes:
+            batch = probe_batch(version.signature.inputs, size)
+            done, started = 0, time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                if workload.kind == "text" and version.tokenizer is not None:
+                    batch = [version.tokenizer.encode(json.loads(workload.body)["texts"][:1] * size)]
+                elif workload.kind == "image" and image is not None:
+                    batch = [
+                        np.stack(list(decoders.map(lambda raw: load_one(raw, image, 10**9), [workload.body] * size)))
+                    ]
+                engine.run(batch)
+                done += size
+            rates[size] = done / (time.perf_counter() - started)
+    version.close()
+    exporter.shutdown()
+    preparer.close()
+    processes.stop_idle()
+    return rates
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `layerserve bench` was asked to do."""
+
+    url: str
+    model: str
+    workload: str
+    concurrency: list[int]
+    duration_s: float
+    rows: int = 1
+    image: Path | None = None
+    outputs: tuple[str, ...] = ()
+    use_cache: bool = True
+    text: str = ""
+    in_process: Path | None = None
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    bare: bool = False
+    client_processes: int = 1
+    output: Path | None = None
+    plot: Path | None = None
+
+
+def _warm_up(_: int) -> None:
+    """Run in each client process once, so that process start-up is not timed."""
+
+
+def drive(url: str, workload: Workload, options: BenchOptions, pool: Pool, label: str) -> list[StepResult]:
+    """A warm-up, then one step per concurrency, with a progress bar."""
+    from rich.progress import Progress
+
+    run_step(url, workload, 1, 1.0, pool)  # warm the server's path and the connections
+    results = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"{label} c={options.concurrency[0]}", total=len(options.concurrency))
+        for concurrency in options.concurrency:
+            progress.update(task, description=f"{label}: concurrency {concurrency}, {options.duration_s:g} s")
+            results.append(run_step(url, workload, concurrency, options.duration_s, pool))
+            progress.advance(task)
+    return results
+
+
+def run_bench(options: BenchOptions) -> dict[str, Any]:
+    """Measure the server (and optionally the in-process ceiling and the bare stack); returns the report."""
+    import multiprocessing
+
+    workload = build_workload(
+        options.url, options.model, options.workload, options.rows, options.image, options.outputs,
+        options.use_cache, options.text,
+    )  # fmt: skip
+    report: dict[str, Any] = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}}
+    if options.in_process is not None:
+        rates = in_process_ceiling(options.in_process, options.model, workload, list(options.batch_sizes), 3.0)
+        best = max(rates, key=lambda size: rates[size])
+        report["in_process"] = {"samples_s": rates, "best_batch_size": best, "best_samples_s": rates[best]}
+    with multiprocessing.get_context("spawn").Pool(options.client_processes) as pool:
+        pool.map(_warm_up, range(options.client_processes))
+        report["steps"] = [asdict(step) for step in drive(options.url, workload, options, pool, "server")]
+        if options.bare:
+            from layerserve.bench.baseline import start_bare_server
+
+            process, port = start_bare_server()
+            try:
+                steps = drive(f"http://127.0.0.1:{port}", workload, options, pool, "bare stack")
+                report["bare"] = [asdict(step) for step in steps]
+            finally:
+                process.kill()
+    _ratios(report)
+    if options.output:
+        options.output.write_text(json.dumps(report, indent=2))
+    if options.plot:
+        plot(report, options.plot)
+    return report
+
+
+def _ratios(report: dict[str, Any]) -> None:
+    ceiling = report.get("in_process", {}).get("best_samples_s")
+    bare = {step["concurrency"]: step["req_s"] for step in report.get("bare", [])}
+    for step in report["steps"]:
+        if ceiling:
+            step["vs_in_process"] = step["samples_s"] / ceiling
+        if step["concurrency"] in bare:
+            step["vs_bare"] = step["req_s"] / bare[step["concurrency"]]
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The results as a table on the terminal."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report['options']['workload']} workload on {report['options']['model']}")
+    for column in ("conc.", "req/s", "samples/s", "p50 ms", "p90 ms", "p99 ms", "errors", "srv CPU%",
+                   "srv RSS MB", "load CPU%", "/ceiling", "/bare"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for step in report["steps"]:
+        cpu, rss = step["server_cpu_percent"], step["server_rss_bytes"]
+        table.add_row(
+            str(step["concurrency"]), f"{step['req_s']:.1f}", f"{step['samples_s']:.1f}", f"{step['p50_ms']:.1f}",
+            f"{step['p90_ms']:.1f}", f"{step['p99_ms']:.1f}", json.dumps(step["errors"]) if step["errors"] else "0",
+            "-" if cpu is None else f"{cpu:.0f}", "-" if rss is None else f"{rss / 2**20:.0f}",
+            f"{step['client_cpu_percent']:.0f}",
+            f"{step['vs_in_process']:.2f}" if "vs_in_process" in step else "-",
+            f"{step['vs_bare']:.2f}" if "vs_bare" in step else "-",
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    if "in_process" in report:
+        ceiling = report["in_process"]
+        console.print(
+            f"in-process ceiling: {ceiling['best_samples_s']:.1f} samples/s at batch {ceiling['best_batch_size']}"
+        )
+    for step in report.get("bare", []):
+        console.print(
+            f"bare stack, concurrency {step['concurrency']}: {step['req_s']:.1f} req/s, p50 {step['p50_ms']:.1f} ms"
+        )
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Throughput and p99 latency against concurrency, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = report["steps"]
+    concurrency = [s["concurrency"] for s in steps]
+    figure, (rate, latency) = plt.subplots(1, 2, figsize=(10, 4))
+    rate.plot(concurrency, [s["samples_s"] for s in steps], marker="o", label="served")
+    if "bare" in report:
+        rate.plot(concurrency, [s["samples_s"] for s in report["bare"]], marker="s", label="bare HTTP stack")
+    if "in_process" in report:
+        rate.axhline(report["in_process"]["best_samples_s"], color="grey", linestyle="--", label="in-process ceiling")
+    rate.set(xscale="log", xlabel="concurrency", ylabel="samples/s", title="throughput")
+    rate.legend()
+    latency.plot(concurrency, [s["p99_ms"] for s in steps], marker="o", color="tab:red")
+    latency.set(xscale="log", xlabel="concurrency", ylabel="ms", title="p99 latency")
+    figure.suptitle(f"{report['options']['workload']} workload on {report['options']['model']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

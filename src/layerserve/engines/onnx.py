@@ -1,0 +1,87 @@
+"""OnnxEngine: an ONNX Runtime session over a version's exported graph; export and verification against Keras."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from layerserve.engines.base import EngineKind, Verdict, graph_name, max_difference
+from layerserve.engines.keras import KerasEngine, tf_spec
+from layerserve.errors import ModelLoadError
+from layerserve.gpu import onnx_providers
+from layerserve.tensors import Array, TensorSpec
+
+log = logging.getLogger(__name__)
+
+
+class OnnxEngine:
+    """An ONNX Runtime session over an exported graph."""
+
+    name = EngineKind.ONNX
+    in_process = True
+
+    def __init__(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        # Idle ORT threads otherwise spin for a while after each call, taking the cores HTTP needs.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        providers = onnx_providers(ort.get_available_providers())
+        self._session = ort.InferenceSession(str(path), options, providers=providers)
+        names = [i.name for i in self._session.get_inputs()]
+        if len(names) != len(inputs):
+            raise ModelLoadError(f"exported graph has {len(names)} inputs, the model {len(inputs)}")
+        wanted = [graph_name(spec.name) for spec in inputs]
+        # tf2onnx keeps the TensorSpec names; fall back to position if it renamed them.
+        self._input_names = wanted if sorted(names) == sorted(wanted) else names
+
+    def run(self, inputs: list[Array]) -> list[Array]:
+        """Compute the outputs for one batch."""
+        return list(self._session.run(None, dict(zip(self._input_names, inputs, strict=True))))
+
+    def close(self) -> None:
+        """Nothing to do: the session is freed with the object."""
+
+
+def export_onnx(model: Any, inputs: tuple[TensorSpec, ...], target: Path) -> None:
+    """Export the model's call to an ONNX file, written atomically (temporary name, then rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    signature = [tf_spec(spec) for spec in inputs]
+    handle, temporary = tempfile.mkstemp(suffix=".onnx.tmp", dir=target.parent)
+    os.close(handle)
+    try:
+        with warnings.catch_warnings():
+            # tf2onnx and Keras' exporter warn about NumPy 2 aliases they patch themselves.
+            warnings.simplefilter("ignore")
+            model.export(
+                temporary,
+                format="onnx",
+                verbose=False,
+                input_signature=[signature] if len(signature) > 1 else signature,
+            )
+        Path(temporary).replace(target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+
+
+def export_and_verify(model: Any, inputs: tuple[TensorSpec, ...], cache_file: Path, probe: list[Array]) -> Verdict:
+    """Export the model to `cache_file` (unless it is there) and compare ONNX Runtime with Keras on `probe`."""
+    expected = KerasEngine(model, inputs).run(probe)
+    try:
+        if not cache_file.exists():
+            export_onnx(model, inputs, cache_file)
+        difference = max_difference(expected, OnnxEngine(cache_file, inputs, 1).run(probe))
+    except ModelLoadError as error:
+        return Verdict(None, f"ONNX export unusable: {error.message}")
+    except Exception as error:  # tf2onnx and ORT raise many kinds for unsupported ops.
+        log.warning("ONNX export failed for %s", cache_file.name, exc_info=True)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return Verdict(None, f"ONNX export failed: {first[:300]}")
+    return Verdict(difference)

@@ -1,0 +1,119 @@
+"""The engine process: opens one session at a time, runs batches on it, frees it, hashes model files."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import signal
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from layerserve.engines.base import probe_batch
+from layerserve.engines.onnx import OnnxEngine
+from layerserve.engines.process.channel import Channel
+from layerserve.lifecycle.model import file_digest
+from layerserve.tensors import Array, TensorSpec
+
+
+def serve(connection: Connection) -> None:
+    """The engine process: open a session, answer batches, free it, and so on, until told to stop or the
+    server is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches the server, which stops us
+    channel = Channel(connection)
+    engine: OnnxEngine | None = None
+    while True:
+        try:
+            tag, body = channel.receive(copy=False)
+        except EOFError:  # the server is gone
+            return
+        if tag == "arrays" and engine is not None:
+            _run(channel, engine, body)
+        elif tag == "open":
+            engine = _open(channel, *body)
+        elif tag == "digest":
+            try:
+                with _low_priority():
+                    channel.send("digest", file_digest(Path(body)))
+            except OSError as error:
+                channel.send("error", str(error))
+        elif tag == "release":
+            with _low_priority():
+                engine = None  # ORT's destructor: joins the session's threads, returns its memory
+                _trim_heap()
+            channel.send("released")
+        elif tag == "stop":
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            channel.send("stopped", usage.ru_utime + usage.ru_stime)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, 0, 19)  # the exit returns its memory: that too on idle CPU
+            return
+        else:
+            channel.send("error", f"unexpected {tag!r} message")
+        del body
+
+
+def _run(channel: Channel, engine: OnnxEngine, inputs: list[Array]) -> None:
+    """Run one batch and send its outputs, or ORT's message (it raises many kinds) for the request."""
+    try:
+        results = engine.run(inputs)
+    except Exception as error:
+        channel.send("error", _describe(error))
+    else:
+        channel.send_arrays(results)
+
+
+def _open(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> OnnxEngine | None:
+    """Open and warm up a session (at the lowest priority where it can be restored after); answer ready or
+    the error."""
+    try:
+        with _low_priority():
+            engine = OnnxEngine(Path(path), inputs, threads)
+            engine.run(probe_batch(inputs, rows))
+    except Exception as error:  # ORT raises many kinds; the version shows the message as its FAILED reason.
+        channel.send("error", _describe(error))
+        return None
+    channel.send("ready")
+    return engine
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc keeps them after a session is freed)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+@contextlib.contextmanager
+def _low_priority() -> Iterator[None]:
+    """This thread, and the threads it starts, at the lowest priority, if it can be restored after."""
+    lowered = _lower_priority()
+    try:
+        yield
+    finally:
+        if lowered:
+            _restore_priority()
+
+
+def _lower_priority() -> bool:
+    """Lowest priority for this thread and the session threads it starts, if it can be restored after."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 1)
+        os.setpriority(os.PRIO_PROCESS, 0, 0)  # EPERM without CAP_SYS_NICE: then stay at the normal one
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+    except OSError:
+        return False
+    return True
+
+
+def _restore_priority() -> None:
+    """Every thread of this process back to the normal priority."""
+    for thread in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            os.setpriority(os.PRIO_PROCESS, int(thread.name), 0)
+
+
+def _describe(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:500] if text else type(error).__name__

@@ -1,0 +1,1 @@
+"""Features: the feature cache and store, image decoding, pooling and labels."""

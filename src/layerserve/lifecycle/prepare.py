@@ -1,0 +1,289 @@
+"""Preparation of a model file in a child process: load it, read its layer table, export and verify ONNX.
+
+Keras' loader and tf2onnx hold the GIL for long stretches; run in the server process, they stall the
+requests of every other model. A niced child process does this once per model file and writes the
+result (a `Preparation`) beside the ONNX export, keyed by the file's hash. Loading a version whose file
+was prepared before opens an ONNX Runtime session and nothing more; its Keras model is loaded only if a
+request needs a cut (see `LayerGraph`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from layerserve.engines.base import Verdict, probe_batch
+from layerserve.engines.onnx import export_and_verify
+from layerserve.errors import ModelLoadError
+from layerserve.lifecycle.model import Signature, file_digest, load_model, read_signature
+from layerserve.serving.layers import LayerGraph, LayerInfo
+from layerserve.tensors import TensorSpec
+
+log = logging.getLogger(__name__)
+
+_FORMAT = 2  # 2: Embedding layers record their input_dim
+_NICENESS = 10
+_KEPT_PREPARATIONS = 64
+T = TypeVar("T")
+
+
+class ModelFileChangedError(ModelLoadError):
+    """The model file of a serving version is gone or was rewritten: what needs it waits for the reload (503)."""
+
+    status_code = 503
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A version's model file, its hash when the version was loaded, and whether it may hold code."""
+
+    path: Path
+    digest: str
+    trust: bool
+
+    def load(self) -> Any:
+        """The Keras model, if the file still has the digest it had when the version was loaded.
+
+        Raises:
+            ModelFileChangedError: the file is gone, or changed since (its new content loads as a new version).
+            ModelLoadError: the file cannot load.
+        """
+        try:
+            unchanged = file_digest(self.path) == self.digest
+        except OSError as error:
+            raise ModelFileChangedError(
+                f"{self.path} is gone ({error.strerror}); this version serves its own outputs only until the "
+                "repository is fixed"
+            ) from None
+        if not unchanged:
+            raise ModelFileChangedError(f"{self.path} changed since this version was loaded; it is being reloaded")
+        return load_model(self.path, trust=self.trust)
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """What serving a model file needs without loading it: signature, layer table and ONNX verdict."""
+
+    signature: Signature
+    layers: tuple[LayerInfo, ...]
+    layer_count: int
+    unavailable_reason: str
+    verdict: Verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form."""
+        return {
+            "inputs": [spec.to_dict() for spec in self.signature.inputs],
+            "outputs": [spec.to_dict() for spec in self.signature.outputs],
+            "layers": [layer.to_record() for layer in self.layers],
+            "layer_count": self.layer_count,
+            "unavailable_reason": self.unavailable_reason,
+            **self.verdict.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Preparation:
+        """Read the stored form."""
+        signature = Signature(
+            tuple(TensorSpec.from_dict(s) for s in data["inputs"]),
+            tuple(TensorSpec.from_dict(s) for s in data["outputs"]),
+        )
+        layers = tuple(LayerInfo.from_record(layer) for layer in data["layers"])
+        unavailable = str(data["unavailable_reason"])
+        return cls(signature, layers, int(data["layer_count"]), unavailable, Verdict.from_dict(data))
+
+
+def record_path(cache_file: Path) -> Path:
+    """Where the preparation of the graph exported to `cache_file` is kept."""
+    return cache_file.with_name(cache_file.name + ".json")
+
+
+def read_record(cache_file: Path) -> dict[str, Any] | None:
+    """The stored record for this export, or None (none, unreadable, another format, export gone)."""
+    try:
+        data = json.loads(record_path(cache_file).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        return None
+    if data.get("max_difference") is not None and not cache_file.exists():
+        return None
+    return data
+
+
+def _write_record(cache_file: Path, data: dict[str, Any]) -> None:
+    """Keep a record (temporary name, then rename); fail-soft: an unwritable cache only costs time later."""
+    target = record_path(cache_file)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps({"format": _FORMAT, **data}))
+        temporary.replace(target)
+    except OSError as error:
+        log.warning("cannot keep the preparation record %s: %s", target, error)
+        temporary.unlink(missing_ok=True)
+
+
+# --- In the child process -------------------------------------------------------------------------------
+
+_loaded: dict[str, tuple[Any, LayerGraph]] = {}  # the child's last model, by digest, for its cuts
+
+
+def _model_and_graph(source: ModelSource) -> tuple[Any, LayerGraph]:
+    if source.digest not in _loaded:
+        _loaded.clear()
+        model = source.load()
+        _loaded[source.digest] = (model, LayerGraph(read_signature(model), model))
+    return _loaded[source.digest]
+
+
+def prepare_model(source: ModelSource, cache_file: Path, probe_rows: int) -> dict[str, Any]:
+    """(child) Load the model, read its layer table, export and verify; the record, also kept on disk.
+
+    A load failure comes back as {"load_error": ...} and is not kept (the file may be fixed).
+    """
+    try:
+        model, graph = _model_and_graph(source)
+    except ModelLoadError as error:
+        return {"load_error": error.message}
+    inputs = graph.signature.inputs
+    verdict = export_and_verify(model, inputs, cache_file, probe_batch(inputs, probe_rows))
+    layer_count = len(getattr(model, "layers", []))
+    data = Preparation(graph.signature, tuple(graph.layers), layer_count, graph.unavailable_reason, verdict).to_dict()
+    _write_record(cache_file, data)
+    return data
+
+
+def prepare_cut(
+    source: ModelSource, inputs: tuple[str, ...], outputs: tuple[str, ...], cache_file: Path
+) -> dict[str, Any]:
+    """(child) Export and verify one cut of the model; its verdict, also kept on disk."""
+    try:
+        _, graph = _model_and_graph(source)
+        cut = graph.build_cut(inputs, outputs)
+    except ModelLoadError as error:
+        return Verdict(None, f"cannot load the model for the export: {error.message}").to_dict()
+    specs = tuple(graph.spec(name, "input") for name in inputs)
+    data = export_and_verify(cut, specs, cache_file, probe_batch(specs, 2)).to_dict()
+    _write_record(cache_file, data)
+    return data
+
+
+def lower_priority() -> None:
+    """Background work (preparing models, training) yields the CPU to serving: this thread and those it
+    starts run only when a core would otherwise idle (SCHED_IDLE; niced where that is not available)."""
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICENESS)
+        except OSError:  # not permitted here: background work keeps the normal priority
+            log.warning("could not lower the priority of %s", threading.current_thread().name)
+
+
+def _child_start() -> None:
+    """The child runs at background priority (before TensorFlow starts its threads), and quiet."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    lower_priority()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s (preparer): %(message)s")
+
+
+# --- In the server process ------------------------------------------------------------------------------
+
+
+class Preparer:
+    """Runs preparations in one child process, started on demand and stopped after `idle_s` without work."""
+
+    def __init__(self, idle_s: float = 60.0) -> None:
+        self._idle_s = idle_s
+        self._pool: ProcessPoolExecutor | None = None
+        self._running = 0
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        # Records are immutable per model digest; parsing one holds the GIL for milliseconds per load.
+        self._kept: dict[tuple[Path, int, int], Preparation] = {}
+
+    def model(self, source: ModelSource, cache_file: Path, probe_rows: int) -> Preparation:
+        """The preparation of a model file: the stored one, else made in the child now.
+
+        Raises:
+            ModelLoadError: the file cannot be loaded, or the child died.
+        """
+        try:
+            stat = record_path(cache_file).stat()
+            key: tuple[Path, int, int] | None = (cache_file, stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            key = None
+        kept = self._kept.get(key) if key else None
+        if kept is not None and (kept.verdict.max_difference is None or cache_file.exists()):
+            return kept
+        data = read_record(cache_file)
+        if data is None or "inputs" not in data:
+            data = self._run(prepare_model, source, cache_file, probe_rows)
+        if "load_error" in data:
+            raise ModelLoadError(data["load_error"])
+        preparation = Preparation.from_dict(data)
+        if key is not None:
+            if len(self._kept) >= _KEPT_PREPARATIONS:
+                self._kept.clear()
+            self._kept[key] = preparation
+        return preparation
+
+    def cut(self, source: ModelSource, inputs: tuple[str, ...], outputs: tuple[str, ...], cache_file: Path) -> Verdict:
+        """The verdict on a cut's ONNX export: the stored one, else made in the child now.
+
+        Raises:
+            ModelLoadError: the child died.
+        """
+        data = read_record(cache_file)
+        if data is None:
+            data = self._run(prepare_cut, source, inputs, outputs, cache_file)
+        return Verdict.from_dict(data)
+
+    def _run(self, function: Any, *args: Any) -> dict[str, Any]:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._pool is None:
+                context = multiprocessing.get_context("spawn")  # never fork a process that runs TF threads
+                self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_child_start)
+            pool = self._pool
+            self._running += 1
+        try:
+            result: dict[str, Any] = pool.submit(function, *args).result()
+            return result
+        except BrokenProcessPool:
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            raise ModelLoadError("the preparation process died (out of memory, or a crash in the exporter)") from None
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._running == 0 and self._pool is not None:
+                    self._timer = threading.Timer(self._idle_s, self._stop_if_idle)
+                    self._timer.daemon = True
+                    self._timer.start()
+
+    def _stop_if_idle(self) -> None:
+        with self._lock:
+            if self._running or self._pool is None:
+                return
+            pool, self._pool = self._pool, None
+        pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        """Stop the child (after the job it runs, if any)."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

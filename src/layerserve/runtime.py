@@ -1,0 +1,123 @@
+"""Runtime: everything one server process serves with, built once from Settings; every transport wraps one."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import logging
+import os
+import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from layerserve.features.cache import CacheBackend, FeatureCache, InProcessBackend, RedisBackend, wait_closed
+from layerserve.features.feature_store import FeatureStore
+from layerserve.features.images import ImageDecoder
+from layerserve.lifecycle.reloader import Reloader
+from layerserve.lifecycle.worker_board import WorkerBoard
+from layerserve.metrics import sample_process
+from layerserve.serving.registry import ModelRegistry
+from layerserve.settings import Settings
+from layerserve.training.job_store import Job
+from layerserve.training.jobs import JobRunner
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    """The registry of models (and its engine processes), the reloader, the feature cache and store, the image
+    decoding pool and the job runner of one server process.
+
+    Built from `Settings` without starting anything; `start()` loads the models (in the background, or, with
+    a worker `board`, before it returns) and starts polling, sampling and the job runner; `close()` stops them.
+    """
+
+    def __init__(self, settings: Settings, board: WorkerBoard | None = None) -> None:
+        self.settings = settings
+        self.board = board
+        self._cache_backend: CacheBackend = (
+            RedisBackend(settings.redis_url, settings.redis_timeout_ms / 1000)
+            if settings.redis_url
+            else InProcessBackend(settings.cache_max_bytes)
+        )
+        store_backend = self._cache_backend if settings.redis_url else InProcessBackend(settings.feature_store_bytes)
+        cache = FeatureCache(self._cache_backend, settings.cache_ttl_s, settings.cache_key_prefix)
+        self.registry = ModelRegistry(settings, cache)
+        self.reloader = Reloader(self.registry)
+        self._decode_pool = ThreadPoolExecutor(
+            settings.decode_threads or os.cpu_count(), thread_name_prefix="image-decoder"
+        )
+        self.decoder = ImageDecoder(self._decode_pool, settings.max_image_pixels)
+        self.features = FeatureStore(store_backend, settings.cache_key_prefix)
+        self.jobs: JobRunner | None = None
+        self.jobs_error = "training jobs are unavailable: the runtime has not started"
+        self.draining = threading.Event()  # set when shutdown begins: readiness turns false
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def is_ready(self) -> bool:
+        """Every model has settled (in every worker), and shutdown has not begun."""
+        return self.registry.is_ready and not self.draining.is_set() and (self.board is None or self.board.is_ready())
+
+    async def start(self) -> None:
+        """Load the models and keep them in sync with the repository; sample the process; open the job runner.
+        With a worker board, return only once this worker's models have settled (then it takes traffic)."""
+        self._tasks = [asyncio.create_task(self._keep_in_sync()), asyncio.create_task(self._sample_forever())]
+        self.jobs, self.jobs_error = self._open_jobs()
+        if self.board is not None:
+            await self.registry.wait_settled()
+            self.board.mark_ready()
+
+    async def close(self) -> None:
+        """Stop taking traffic, stop the jobs, the polling and the sampling, and free every model and pool."""
+        if self.board is not None:
+            self.board.withdraw()
+        if self.jobs is not None:
+            await self.jobs.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.registry.close()
+        self._decode_pool.shutdown(wait=False, cancel_futures=True)
+        await wait_closed(self._cache_backend)
+
+    def sample_process(self, with_gpu: bool = True) -> None:
+        """Refresh this process's CPU and memory gauges (its engine processes counted in)."""
+        sample_process(self.registry.engine_processes.usage(), with_gpu)
+
+    async def _keep_in_sync(self) -> None:
+        await self.reloader.start()
+        # TensorFlow and Keras leave millions of long-lived objects; a full garbage collection walks them
+        # all (about 0.2 s holding the GIL). Freezing what start-up made keeps collections short after.
+        gc.collect()
+        gc.freeze()
+        if self.settings.reload_interval_s > 0:
+            await self.reloader.run(self.settings.reload_interval_s)
+
+    async def _sample_forever(self, every_s: float = 1.0, gpu_every: int = 5) -> None:
+        """Keep the process gauges (and, less often, GPU memory) fresh; with several workers /metrics sums every
+        worker's last sample."""
+        for count in itertools.count():
+            await asyncio.to_thread(self.sample_process, count % gpu_every == 0)
+            await asyncio.sleep(every_s)
+
+    async def _serve_new_version(self, job: Job) -> None:
+        assert job.version is not None
+        if job.apply:
+            await self.reloader.apply(job.model, job.version)
+        else:
+            await self.reloader.load_model(job.model)
+
+    def _open_jobs(self) -> tuple[JobRunner | None, str]:
+        """The job runner, or None and why (fail-soft: serving goes on without training jobs)."""
+        settings = self.settings
+        try:
+            runner = JobRunner(
+                settings.job_records_dir, settings.training_threads, settings.model_repository, self._serve_new_version
+            )
+        except (OSError, sqlite3.Error) as error:
+            reason = f"training jobs are unavailable: {settings.job_records_dir}: {error}"
+            log.error("%s", reason)
+            return None, reason
+        return runner, ""

@@ -1,0 +1,1 @@
+"""Serving: the registry of models and versions, a loaded version, its batchers, cuts and layer graph."""

@@ -1,0 +1,1 @@
+"""Training: the text-classifier recipe, datasets, the tokenizer, jobs, their records and the job process."""

@@ -1,0 +1,260 @@
+"""JobRunner: each training job run in its own process, one at a time per model, with progress and cancel,
+and the new version applied or left to the version policy (records: layerserve.training.job_store)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from layerserve.errors import LayerserveError, NotFoundError
+from layerserve.training.job_store import Job, JobState, JobStore
+from layerserve.training.recipe import TextTrainingParams
+from layerserve.training.train_job import DATA_FILE, JOB_FILE
+
+log = logging.getLogger(__name__)
+
+_STDERR_TAIL = 2000  # characters of a crashed job's stderr kept as its error
+_TERMINATE_GRACE_S = 5.0
+
+
+OnVersion = Callable[[Job], Awaitable[None]]
+
+
+class JobRunner:
+    """Queues and runs training jobs: one process per job, one job at a time per model."""
+
+    def __init__(self, jobs_dir: Path, threads: int, repository: Path, on_version: OnVersion) -> None:
+        self._dir = jobs_dir
+        self._threads = threads
+        self._repository = repository
+        self._on_version = on_version
+        self._store = JobStore(jobs_dir / "jobs.sqlite3")
+        self._jobs: dict[str, Job] = {}  # this process's own jobs
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._processes: dict[str, asyncio.subprocess.Process] = {}
+        for job in self._store.all():
+            if not job.is_finished and not _is_alive(job.owner):  # its server process stopped meanwhile
+                self._finish(job, JobState.FAILED, f"interrupted: the server stopped while the job was {job.state}")
+                self._remove_leftovers(job)
+
+    def jobs(self) -> list[Job]:
+        """Every job of every worker, oldest first."""
+        return self._store.all()
+
+    def get(self, job_id: str) -> Job:
+        """A job by id (this worker's, or another's from the shared records).
+
+        Raises:
+            NotFoundError: no such job.
+        """
+        job = self._jobs.get(job_id) or self._store.get(job_id)
+        if job is None:
+            raise NotFoundError(f"no job {job_id!r}; GET /v2/jobs lists them")
+        return job
+
+    def submit(self, model: str, texts: list[str], labels: list[str], params: TextTrainingParams, apply: bool) -> Job:
+        """Record a job, write its data, and queue it behind the model's other jobs."""
+        job = Job(uuid.uuid4().hex[:16], model, params.model_dump(), apply, len(texts))
+        job_dir = self._dir / job.id
+        job_dir.mkdir(parents=True)
+        with (job_dir / DATA_FILE).open("w", encoding="utf-8") as data:
+            for text, label in zip(texts, labels, strict=True):
+                data.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
+        spec = {"model_dir": str(self._repository / model), "params": job.params, "tag": job.id}
+        (job_dir / JOB_FILE).write_text(json.dumps({**spec, "threads": self._threads}), encoding="utf-8")
+        self._jobs[job.id] = job
+        self._store.save(job)
+        self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"job-{job.id}")
+        return job
+
+    async def cancel(self, job_id: str) -> Job:
+        """Cancel a queued or running job (a running one's process is terminated); a finished one is left.
+
+        Raises:
+            NotFoundError: no such job.
+        """
+        job = self.get(job_id)
+        if job.is_finished:
+            return job
+        if job_id not in self._jobs:
+            return await self._cancel_elsewhere(job)
+        process, task = self._processes.get(job_id), self._tasks.get(job_id)
+        if process is None:
+            self._finish(job, JobState.CANCELLED, "cancelled while queued")
+            if task is not None:
+                task.cancel()
+            self._remove_leftovers(job)
+            return job
+        job.error = "cancelled while running"  # _execute sees it when the process ends
+        await _terminate(process)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        return job
+
+    async def _cancel_elsewhere(self, job: Job) -> Job:
+        """Cancel a job another worker process owns: through the shared records, and a signal to its
+        training process; its owner records the end."""
+        self._store.request_cancel(job.id, mark_cancelled=job.state == JobState.QUEUED)
+        if job.state == JobState.RUNNING and job.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(job.pid, signal.SIGTERM)
+        # The owner is another process: the shared records are the only thing to wait on (bounded).
+        deadline = time.monotonic() + _TERMINATE_GRACE_S * 2
+        while time.monotonic() < deadline:
+            current = self._store.get(job.id)
+            if current is None or current.is_finished:
+                return current or job
+            await asyncio.sleep(0.1)
+        return self.get(job.id)
+
+    async def close(self) -> None:
+        """Stop every job: running ones are terminated, and all are recorded as cancelled."""
+        for job_id in list(self._tasks):
+            job = self._jobs[job_id]
+            if not job.is_finished:
+                job.error = "cancelled: the server shut down"
+                if job_id in self._processes:
+                    await _terminate(self._processes[job_id])
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for job in self._jobs.values():
+            if not job.is_finished:
+                self._finish(job, JobState.CANCELLED, job.error or "cancelled: the server shut down")
+                self._remove_leftovers(job)
+        self._store.close()
+
+    async def _run(self, job: Job) -> None:
+        lock = self._locks.setdefault(job.model, asyncio.Lock())
+        try:
+            async with lock:
+                if not job.is_finished and self._store.is_cancel_requested(job.id):
+                    self._finish(job, JobState.CANCELLED, "cancelled while queued")
+                if job.is_finished:
+                    return
+                await self._execute(job)
+        except asyncio.CancelledError:
+            if not job.is_finished:
+                self._finish(job, JobState.CANCELLED, job.error or "cancelled")
+                self._remove_leftovers(job)
+            raise
+        finally:
+            self._tasks.pop(job.id, None)
+
+    async def _execute(self, job: Job) -> None:
+        job.state, job.started_at = JobState.RUNNING, time.time()
+        self._store.save(job)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "layerserve.training.train_job", str(self._dir / job.id),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self._processes[job.id] = process
+        job.pid = process.pid
+        self._store.save(job)
+        assert process.stdout is not None and process.stderr is not None
+        stderr = asyncio.create_task(process.stderr.read())
+        reported_error = ""
+        try:
+            async for line in process.stdout:
+                message = _parse_line(line)
+                if "progress" in message:
+                    job.progress = message["progress"]
+                    if "loss" in job.progress:
+                        job.history.append(job.progress)
+                    self._store.save(job)
+                elif "version" in message:
+                    job.version = int(message["version"])
+                elif "error" in message:
+                    reported_error = str(message["error"])
+            code = await process.wait()
+        finally:
+            self._processes.pop(job.id, None)
+            job.pid = None
+        errors = (await stderr).decode("utf-8", "replace")
+        if job.version is not None:
+            await self._serve(job)
+        elif job.error.startswith("cancelled") or self._store.is_cancel_requested(job.id):
+            self._finish(job, JobState.CANCELLED, job.error or "cancelled while running")
+        else:
+            why = reported_error or _crash_reason(code, errors)
+            self._finish(job, JobState.FAILED, why)
+        if job.version is None:
+            self._remove_leftovers(job)
+        shutil.rmtree(self._dir / job.id, ignore_errors=True)
+
+    async def _serve(self, job: Job) -> None:
+        """Make the new version serve (pinned with apply, else per the version policy); the job succeeds
+        once it does."""
+        try:
+            await self._on_version(job)
+        except LayerserveError as error:
+            self._finish(job, JobState.FAILED, f"version {job.version} was written but does not serve: {error.message}")
+        else:
+            self._finish(job, JobState.SUCCEEDED, "")
+
+    def _finish(self, job: Job, state: JobState, error: str) -> None:
+        job.state, job.error, job.finished_at = state, error, time.time()
+        self._store.save(job)
+        log.log(logging.ERROR if state == JobState.FAILED else logging.INFO, "job %s %s %s", job.id, state, error)
+
+    def _remove_leftovers(self, job: Job) -> None:
+        """A job that did not finish leaves no staging folder and no data behind."""
+        for parent in (self._repository / job.model, self._repository):
+            for staging in parent.glob(f".staging-{job.id}-*") if parent.is_dir() else ():
+                shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(self._dir / job.id, ignore_errors=True)
+
+
+def _is_alive(pid: int | None) -> bool:
+    """Whether a process of this id runs (on this machine)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _parse_line(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def _crash_reason(code: int, stderr: str) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        head = f"the training process was killed by {name}"
+    else:
+        head = f"the training process exited with code {code}"
+    tail = stderr.strip()[-_STDERR_TAIL:]
+    return f"{head}: {tail}" if tail else head
+
+
+async def _terminate(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after a grace period."""
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), _TERMINATE_GRACE_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()

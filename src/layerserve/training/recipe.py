@@ -1,0 +1,206 @@
+"""The text-classifier recipe: tokenize (layerserve's Tokenizer), train embedding + average pooling + softmax,
+and write the result as a new version folder atomically (a hidden staging folder, then a rename)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from layerserve.errors import BadRequestError
+from layerserve.settings import describe_validation_error
+from layerserve.training.tokenizer import Tokenizer
+
+LABELS_FILE = "labels.txt"
+METRICS_FILE = "metrics.json"
+NEW_MODEL_CONFIG = "description: text classifier trained by layerserve\ninput: text\n"  # a model training creates
+
+
+class TextTrainingParams(BaseModel):
+    """Training parameters of the text recipe (unknown names are refused)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    split: Literal["whitespace", "character"] = Field(
+        "whitespace", description="whitespace: words (English); character: each character (Chinese)."
+    )
+    ngrams: int = Field(2, ge=1, le=4, description="Token n-grams up to this length are added.")
+    max_tokens: int = Field(20000, ge=10, le=1_000_000, description="Vocabulary size (most frequent tokens).")
+    sequence_length: int = Field(128, ge=1, le=4096, description="Tokens per text (padded or cut).")
+    embedding_dim: int = Field(32, ge=2, le=1024, description="Width of the token embedding.")
+    epochs: int = Field(8, ge=1, le=1000, description="Passes over the training rows.")
+    batch_size: int = Field(32, ge=1, le=65536, description="Rows per training step.")
+    learning_rate: float = Field(0.002, gt=0, le=1, description="Adam's learning rate.")
+    validation_split: float = Field(0.2, ge=0, lt=1, description="Share of the rows held out for validation.")
+    seed: int = Field(0, ge=0, description="Seed of the shuffle, the split and the weights.")
+
+    @classmethod
+    def parse(cls, values: Any) -> TextTrainingParams:
+        """Params from a mapping of names to values (HTTP or CLI).
+
+        Raises:
+            BadRequestError: not a mapping, an unknown name or a bad value (each named, the known listed).
+        """
+        if not isinstance(values, dict):
+            raise BadRequestError("'params' must be a JSON object of training parameters")
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            known = ", ".join(cls.model_fields)
+            raise BadRequestError(f"{describe_validation_error(error, 'param')} (known params: {known})") from None
+
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class TrainedText:
+    """A trained text classifier with what serving it needs."""
+
+    model: Any
+    tokenizer: Tokenizer
+    labels: list[str]
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+
+def check_dataset(texts: list[str], labels: list[str]) -> None:
+    """Refuse data no job should start on.
+
+    Raises:
+        BadRequestError: empty data, lengths that differ, non-strings, or a single label.
+    """
+    if not texts:
+        raise BadRequestError("the dataset is empty")
+    if len(texts) != len(labels):
+        raise BadRequestError(f"{len(texts)} texts but {len(labels)} labels: give one label per text")
+    if not all(isinstance(t, str) for t in texts) or not all(isinstance(label, str) for label in labels):
+        raise BadRequestError("texts and labels must be strings")
+    if len(set(labels)) < 2:
+        raise BadRequestError(f"the dataset has a single label {labels[0]!r}: a classifier needs at least two")
+
+
+def check_text_model(model_dir: Path) -> None:
+    """Training may add versions to a text model, or create a new one; nothing else.
+
+    Raises:
+        BadRequestError: the model exists and its config.yaml is invalid or not `input: text`.
+    """
+    from layerserve.lifecycle.repository import scan_model
+
+    if not model_dir.exists():
+        return
+    spec = scan_model(model_dir)
+    if spec.error:
+        raise BadRequestError(f"model '{model_dir.name}' has an invalid config.yaml: {spec.error}")
+    if spec.config.input != "text":
+        raise BadRequestError(
+            f"model '{model_dir.name}' is not a text model (its config.yaml has input: {spec.config.input}); "
+            "train a new model name, or one whose config.yaml says input: text"
+        )
+
+
+def train_text_classifier(
+    texts: list[str], labels: list[str], params: TextTrainingParams, progress: ProgressCallback | None = None
+) -> TrainedText:
+    """Train the recipe on shuffled data, holding out `validation_split` for validation metrics.
+
+    `progress` gets `{"epoch", "epochs", "step", "steps"}` during each epoch (at most once a second) and,
+    at each epoch's end, the epoch's metrics too (`loss`, `accuracy`, `val_loss`, `val_accuracy`).
+
+    Raises:
+        BadRequestError: per check_dataset.
+    """
+    import keras
+
+    check_dataset(texts, labels)
+    order = list(range(len(texts)))
+    random.Random(params.seed).shuffle(order)
+    texts, labels = [texts[i] for i in order], [labels[i] for i in order]
+    held_out = int(len(texts) * params.validation_split)
+    cut = len(texts) - held_out
+    names = sorted(set(labels))
+    tokenizer = Tokenizer(params.split, params.ngrams, params.max_tokens, params.sequence_length).fit(texts[:cut])
+    x, y = tokenizer.encode(texts), np.array([names.index(label) for label in labels])
+    keras.utils.set_random_seed(params.seed)
+    tokens = keras.Input((params.sequence_length,), dtype="int32", name="tokens")
+    embedded = keras.layers.Embedding(tokenizer.size, params.embedding_dim, name="embedding")(tokens)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(embedded)
+    dropped = keras.layers.Dropout(0.2, name="dropout")(pooled)
+    scores = keras.layers.Dense(len(names), activation="softmax", name="scores")(dropped)
+    model = keras.Model(tokens, scores, name="text_classifier")
+    model.compile(
+        optimizer=keras.optimizers.Adam(params.learning_rate),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    validation = (x[cut:], y[cut:]) if held_out else None
+    callbacks = [_progress_reporter(params.epochs, progress)] if progress else []
+    history = model.fit(
+        x[:cut], y[:cut], validation_data=validation, epochs=params.epochs, batch_size=params.batch_size,
+        verbose=0, callbacks=callbacks,
+    )  # fmt: skip
+    metrics = {key: [float(v) for v in values] for key, values in history.history.items()}
+    return TrainedText(model, tokenizer, names, metrics)
+
+
+def _progress_reporter(epochs: int, report: ProgressCallback) -> Any:
+    """A Keras callback that reports each epoch's steps (at most once a second) and metrics to `report`."""
+    import keras
+
+    class ProgressReporter(keras.callbacks.Callback):  # type: ignore[misc]  # keras is untyped
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._epoch, self._last = epoch + 1, 0.0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            now = time.monotonic()
+            if now - self._last >= 1.0:
+                self._last = now
+                steps = self.params.get("steps") or 0
+                report({"epoch": self._epoch, "epochs": epochs, "step": batch + 1, "steps": steps})
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            metrics = {key: float(value) for key, value in (logs or {}).items()}
+            steps = self.params.get("steps") or 0
+            report({"epoch": epoch + 1, "epochs": epochs, "step": steps, "steps": steps, **metrics})
+
+    return ProgressReporter()
+
+
+def write_version(model_dir: Path, trained: TrainedText, params: TextTrainingParams, tag: str = "") -> int:
+    """Write the next version folder of a model atomically; returns its number.
+
+    The version is written into a hidden `.staging-<tag>-*` folder, then renamed to its number. A model
+    that does not exist yet is staged whole (a text model's config.yaml and version 1) beside the other
+    models and renamed into place, so the reloader never sees half of it.
+    """
+    is_new = not model_dir.exists()
+    parent = model_dir.parent if is_new else model_dir
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{tag}-", dir=parent))
+    try:
+        version_dir = staging / "1" if is_new else staging
+        version_dir.mkdir(exist_ok=True)
+        trained.model.save(version_dir / "model.keras")
+        trained.tokenizer.save(version_dir)
+        (version_dir / LABELS_FILE).write_text("\n".join(trained.labels) + "\n", encoding="utf-8")
+        summary = {"params": params.model_dump(), "history": trained.metrics}
+        (version_dir / METRICS_FILE).write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
+        if is_new:
+            (staging / "config.yaml").write_text(NEW_MODEL_CONFIG, encoding="utf-8")
+            staging.rename(model_dir)
+            return 1
+        numbers = [int(p.name) for p in model_dir.iterdir() if p.name.isascii() and p.name.isdigit()]
+        number = max(numbers, default=0) + 1
+        staging.rename(model_dir / str(number))
+        return number
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

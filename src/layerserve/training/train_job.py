@@ -1,0 +1,63 @@
+"""One training job, in its own process: `python -m layerserve.training.train_job JOB_DIR`.
+
+Reads `job.json` (model folder, params, tag, threads) and `data.jsonl` from JOB_DIR, trains at idle CPU
+priority on `threads` threads, writes the version atomically, and reports on stdout, one JSON object a
+line: `{"progress": {...}}` during training, then `{"version": N}`, or `{"error": "..."}` (exit code 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+JOB_FILE = "job.json"
+DATA_FILE = "data.jsonl"
+
+
+def _say(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def run(job_dir: Path) -> int:
+    """Run the job described in `job_dir`; the process exit code."""
+    job = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))
+    threads = int(job["threads"])
+    for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ[name] = str(threads)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    from layerserve.errors import LayerserveError
+    from layerserve.lifecycle.prepare import lower_priority
+    from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
+
+    lower_priority()  # before TensorFlow starts its threads: they inherit it
+    import tensorflow as tf
+
+    from layerserve.gpu import configure_tensorflow
+
+    configure_tensorflow()
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    texts, labels = [], []
+    with (job_dir / DATA_FILE).open(encoding="utf-8") as data:
+        for line in data:
+            row = json.loads(line)
+            texts.append(row["text"])
+            labels.append(row["label"])
+    params = TextTrainingParams.model_validate(job["params"])
+    try:
+        trained = train_text_classifier(texts, labels, params, lambda progress: _say({"progress": progress}))
+        number = write_version(Path(job["model_dir"]), trained, params, tag=job["tag"])
+    except LayerserveError as error:
+        _say({"error": error.message})
+        return 1
+    _say({"version": number})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(Path(sys.argv[1])))

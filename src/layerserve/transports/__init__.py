@@ -1,0 +1,1 @@
+"""Transports: each translates its wire format to the serving core and back."""

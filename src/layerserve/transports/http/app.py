@@ -1,0 +1,144 @@
+"""create_app(runtime): the HTTP transport: routes, middleware, the lifespan that starts the runtime, error handlers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import FrameType
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from layerserve.errors import LayerserveError
+from layerserve.gpu import apply_settings
+from layerserve.lifecycle.worker_board import FOLDER_VARIABLE, WorkerBoard
+from layerserve.logs import configure_logging
+from layerserve.runtime import Runtime
+from layerserve.settings import Settings
+from layerserve.transports.http import (
+    image_routes,
+    job_routes,
+    layer_routes,
+    metrics_routes,
+    openapi,
+    repository_routes,
+    tfserving_routes,
+    triton_routes,
+    v2_routes,
+)
+from layerserve.transports.http.bodies import JSONResponse
+from layerserve.transports.http.middleware import (
+    AuthMiddleware,
+    CompressMiddleware,
+    InternalErrorMiddleware,
+    ObserveMiddleware,
+    log_internal_error,
+)
+
+log = logging.getLogger(__name__)
+
+SETTINGS_VARIABLE = "LAYERSERVE_WORKER_SETTINGS"  # the settings of worker processes, as JSON
+
+
+async def _layerserve_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, LayerserveError)
+    if error.status_code == 500:  # ours, but not the client's fault: a bug, answered like any other
+        return JSONResponse({"error": log_internal_error(request.scope, error)}, status_code=500)
+    headers = {"Retry-After": "1"} if error.status_code == 503 else None
+    return JSONResponse({"error": error.message}, status_code=error.status_code, headers=headers)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    message = error.detail
+    if error.status_code == 404:
+        message = f"no route {request.method} {request.url.path}"
+    elif error.status_code == 405:
+        allowed = (error.headers or {}).get("Allow", "")
+        message = f"method {request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+    return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
+
+
+def _turn_unready_on_sigterm(draining: threading.Event) -> None:
+    """Wrap the server's SIGTERM handler so that readiness turns false as soon as shutdown begins (uvicorn
+    then stops accepting connections and lets requests in flight finish)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # embedded in a thread (tests): only the main thread may set signal handlers
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handle(number: int, frame: FrameType | None) -> None:
+        draining.set()
+        if callable(previous):
+            previous(number, frame)
+
+    signal.signal(signal.SIGTERM, handle)
+
+
+def _middleware(settings: Settings) -> list[Middleware]:
+    """Outermost first: metrics and access log, the boundary of unexpected errors, tokens, compression."""
+    middleware = [
+        Middleware(ObserveMiddleware, log_requests=settings.access_log),
+        Middleware(InternalErrorMiddleware),
+    ]
+    if settings.admin_token or settings.api_token:
+        middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
+    if settings.compress_min_bytes:
+        middleware.append(Middleware(CompressMiddleware, minimum_size=settings.compress_min_bytes, compresslevel=1))
+    return middleware
+
+
+def app_from_environment() -> Starlette:
+    """The app of one worker process of `layerserve serve --workers N` (settings passed as JSON)."""
+    settings = Settings.model_validate_json(os.environ[SETTINGS_VARIABLE])
+    configure_logging(settings.log_level, settings.log_format, settings.log_file)
+    apply_settings(settings)
+    return create_app(Runtime(settings, WorkerBoard(Path(os.environ[FOLDER_VARIABLE]), settings.workers)))
+
+
+def create_app(runtime: Runtime) -> Starlette:
+    """The ASGI app over `runtime`: its lifespan starts and closes the runtime.
+
+    Alone, the server answers at once and turns ready once its models have settled. As one of several workers
+    (a runtime with a board), it accepts connections only once its own models have settled (uvicorn accepts
+    once the lifespan has started), so that no request reaches a worker still loading, and it is ready once
+    every worker is.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        _turn_unready_on_sigterm(runtime.draining)
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.close()
+
+    app = Starlette(
+        routes=[
+            *triton_routes.routes,  # first: `/v2/models/stats` before `/v2/models/{model}`
+            *v2_routes.routes,
+            *repository_routes.routes,
+            *layer_routes.routes,
+            *image_routes.routes,
+            *job_routes.routes,
+            *tfserving_routes.routes,
+            *metrics_routes.routes,
+            *openapi.routes,
+        ],
+        lifespan=lifespan,
+        middleware=_middleware(runtime.settings),
+        exception_handlers={
+            LayerserveError: _layerserve_error,
+            HTTPException: _http_error,
+        },
+    )
+    app.state.runtime = runtime
+    return app

@@ -1,0 +1,176 @@
+"""Reading request bodies within the size limit, and writing JSON answers."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+from starlette.responses import Response
+
+from layerserve.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from layerserve.features.images import IMAGE_MEDIA_TYPES
+from layerserve.protocols.v2 import load_json_object
+
+_MAX_FORM_FILES = 256
+NPY_MEDIA_TYPE = "application/x-npy"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused as soon as it grows past `limit` bytes; a `Content-Encoding: gzip` or `deflate`
+    body is decompressed, and refused as soon as its decompressed size grows past `limit`.
+
+    Raises:
+        PayloadTooLargeError: the body (or its announced length, or its decompressed size) exceeds the limit.
+        BadRequestError: the Content-Length header is not an integer, or the compressed data is corrupt.
+        UnsupportedMediaTypeError: another Content-Encoding.
+    """
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in _WBITS and encoding != "identity":
+        raise UnsupportedMediaTypeError(
+            f"Content-Encoding {encoding!r} is not supported; expected gzip, deflate or identity"
+        )
+    raw = await _read_raw(request, limit)
+    if encoding not in _WBITS or not raw:
+        return raw
+    if len(raw) < _THREAD_MIN_BYTES:
+        return _decompress(raw, encoding, limit)
+    # Off the event loop: zlib releases the GIL, and a large body takes tens of milliseconds.
+    return await asyncio.get_running_loop().run_in_executor(None, _decompress, raw, encoding, limit)
+
+
+_THREAD_MIN_BYTES = 256 * 1024
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _decompress(data: bytes, encoding: str, limit: int) -> bytes:
+    """Decompress at most `limit` + 1 bytes at a time, so that a small bomb never expands past the limit."""
+    parts, size = [], 0
+    while data:  # gzip bodies may hold several members, one after the other
+        decompressor = zlib.decompressobj(_WBITS[encoding])
+        try:
+            while data and not decompressor.eof:
+                part = decompressor.decompress(data, limit + 1 - size)
+                size += len(part)
+                if size > limit:
+                    raise PayloadTooLargeError(f"decompressed body is over the limit of {limit} bytes")
+                parts.append(part)
+                data = decompressor.unconsumed_tail
+        except zlib.error as error:
+            raise BadRequestError(f"the body is not valid {encoding} data: {error}") from None
+        if not decompressor.eof:
+            raise BadRequestError(f"the {encoding} body is truncated")
+        data = decompressor.unused_data
+    return b"".join(parts)
+
+
+async def _read_raw(request: Request, limit: int) -> bytes:
+    announced = request.headers.get("content-length")
+    if announced is not None:
+        if not (announced.isascii() and announced.isdigit()):
+            raise BadRequestError(f"Content-Length must be an integer, got {announced!r}")
+        if int(announced) > limit:
+            raise PayloadTooLargeError(f"body of {announced} bytes is over the limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def npy_bytes(array: Any) -> bytes:
+    """An array in the `.npy` format (dtype and shape kept, never pickled)."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def wants_npy(request: Request) -> bool:
+    """Whether the client asked for `.npy` (Accept: application/x-npy)."""
+    return NPY_MEDIA_TYPE in request.headers.get("accept", "")
+
+
+class JSONResponse(Response):
+    """A JSON answer encoded by orjson (numpy arrays allowed, text never ASCII-escaped)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        """Encode the content."""
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def read_images(request: Request, limit: int) -> list[bytes]:
+    """Encoded images from a raw image body or from the `image` fields of a multipart form.
+
+    Raises:
+        UnsupportedMediaTypeError: another content type, or a form without `image` files.
+        PayloadTooLargeError: the body exceeds the limit.
+    """
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await read_body(request, limit)
+    if media_type in IMAGE_MEDIA_TYPES:
+        return [body]
+    if media_type == "multipart/form-data":
+        return await _form_images(request, body)
+    expected = ", ".join(IMAGE_MEDIA_TYPES)
+    raise UnsupportedMediaTypeError(f"expected an image body ({expected}) or multipart/form-data, got {media_type!r}")
+
+
+async def parse_form(request: Request, body: bytes) -> FormData:
+    """A multipart form from a body already read (within its limit); the caller closes it.
+
+    Raises:
+        BadRequestError: a malformed form.
+    """
+
+    async def stream() -> AsyncGenerator[bytes, None]:
+        yield body
+
+    try:
+        return await MultiPartParser(request.headers, stream(), max_files=_MAX_FORM_FILES).parse()
+    except MultiPartException as error:
+        raise BadRequestError(f"malformed multipart body: {error.message}") from None
+
+
+async def _form_images(request: Request, body: bytes) -> list[bytes]:
+    form = await parse_form(request, body)
+    files = [item for item in form.getlist("image") if isinstance(item, UploadFile)]
+    if not files:
+        raise UnsupportedMediaTypeError("the multipart form has no 'image' file field")
+    images = [await item.read() for item in files]
+    await form.close()
+    return images
+
+
+_MAX_TEXTS = 10_000
+
+
+async def read_texts(request: Request, limit: int) -> list[str]:
+    """The `texts` of a JSON body `{"texts": ["...", ...]}`.
+
+    Raises:
+        BadRequestError: not that shape.
+        PayloadTooLargeError: the body exceeds the limit.
+    """
+    body = load_json_object(await read_body(request, limit), "the request body")
+    texts = body.get("texts")
+    if (
+        not isinstance(texts, list)
+        or not texts
+        or len(texts) > _MAX_TEXTS
+        or not all(isinstance(t, str) for t in texts)
+    ):
+        raise BadRequestError(f'expected a JSON body {{"texts": ["...", ...]}} with 1 to {_MAX_TEXTS} strings')
+    return texts

@@ -1,0 +1,128 @@
+"""Images or texts in: /classify (top-k labels) and /features (any layer, pooled); stored features by id."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from layerserve.errors import BadRequestError
+from layerserve.features.feature_store import FeatureStore, StoredFeature, check_ids
+from layerserve.features.images import ImageDecoder
+from layerserve.features.labels import top_k
+from layerserve.features.pooling import POOLS, pool_features
+from layerserve.protocols.v2 import load_json_object
+from layerserve.serving.registry import ModelRegistry, ModelVersion
+from layerserve.tensors import Array
+from layerserve.transports.http.bodies import (
+    NPY_MEDIA_TYPE,
+    JSONResponse,
+    npy_bytes,
+    read_body,
+    read_images,
+    read_texts,
+    wants_npy,
+)
+from layerserve.transports.http.v2_routes import parse_version
+
+
+def _use_cache(request: Request) -> bool:
+    """Query `cache=false` bypasses the feature cache."""
+    return request.query_params.get("cache") != "false"
+
+
+def _query_int(request: Request, name: str, default: int | None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise BadRequestError(f"query '{name}' must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+async def _output(request: Request, version: ModelVersion, output: str, pool: str) -> Array:
+    """One output's rows for the images or texts of the request body (pooled when `pool` is set)."""
+    limit = request.app.state.runtime.settings.max_body_bytes
+    if version.tokenizer is not None:
+        inputs = version.encode_texts(await read_texts(request, limit))
+        rows = (await version.predict(inputs, (output,), None, _use_cache(request)))[output]
+        return pool_features(rows, pool) if pool else rows
+    version.require_image()
+    decoder: ImageDecoder = request.app.state.runtime.decoder
+    return await version.image_output(await read_images(request, limit), output, decoder, _use_cache(request), pool)
+
+
+async def classify(request: Request) -> Response:
+    """POST /v2/models/{model}[/versions/{version}]/classify: images or texts in, top-k labels out."""
+    registry: ModelRegistry = request.app.state.runtime.registry
+    version = registry.get(request.path_params["model"], parse_version(request))
+    k = _query_int(request, "top_k", 5) or 5
+    scores = await _output(request, version, version.classify_output, "")
+    predictions = top_k(scores, version.labels, k)
+    return JSONResponse({"model_name": version.name, "model_version": str(version.version), "predictions": predictions})
+
+
+async def features(request: Request) -> Response:
+    """POST /v2/models/{model}[/versions/{version}]/features?layer=L[&pool=avg][&ids=a,b]: vectors out."""
+    registry: ModelRegistry = request.app.state.runtime.registry
+    store: FeatureStore = request.app.state.runtime.features
+    version = registry.get(request.path_params["model"], parse_version(request))
+    if version.tokenizer is None:
+        version.require_image()
+    layer = request.query_params.get("layer")
+    if not layer:
+        raise BadRequestError("query 'layer' is required: the layer whose output is the feature vector")
+    version.graph.spec(layer, "output")
+    pool = request.query_params.get("pool")
+    if pool is not None and pool not in POOLS:
+        raise BadRequestError(f"query 'pool' must be one of {', '.join(POOLS)}, got {pool!r}")
+    ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
+    vectors = await _output(request, version, layer, pool or "default")
+    if ids:
+        check_ids(ids, len(vectors))
+        stored = [StoredFeature(i, version.version, layer, v) for i, v in zip(ids, vectors, strict=True)]
+        await store.put_many(version.name, stored)
+    if wants_npy(request):
+        return Response(npy_bytes(vectors), media_type=NPY_MEDIA_TYPE)
+    return JSONResponse(
+        {"model_name": version.name, "model_version": str(version.version), "layer": layer,
+         "datatype": str(vectors.dtype), "shape": list(vectors.shape), "features": vectors}
+    )  # fmt: skip
+
+
+async def stored_feature(request: Request) -> Response:
+    """GET /v2/models/{model}/features/{id}[?layer=L&version=V]: a stored vector, JSON or .npy."""
+    store: FeatureStore = request.app.state.runtime.features
+    feature = await store.get(
+        request.path_params["model"], request.path_params["feature_id"],
+        _query_int(request, "version", None), request.query_params.get("layer"),
+    )  # fmt: skip
+    if wants_npy(request):
+        return Response(npy_bytes(feature.array), media_type=NPY_MEDIA_TYPE)
+    return JSONResponse(feature.to_dict())
+
+
+async def stored_features(request: Request) -> Response:
+    """POST /v2/models/{model}/features/batch {"ids": [...], "layer"?, "version"?}: many stored vectors."""
+    store: FeatureStore = request.app.state.runtime.features
+    body = load_json_object(
+        await read_body(request, request.app.state.runtime.settings.max_body_bytes), "the request body"
+    )
+    ids, layer, version = body.get("ids"), body.get("layer"), body.get("version")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids) or len(ids) > 10_000:
+        raise BadRequestError("'ids' must be a non-empty list of at most 10000 strings")
+    if (layer is not None and not isinstance(layer, str)) or (version is not None and type(version) is not int):
+        raise BadRequestError("'layer' must be a string and 'version' an integer")
+    found = await store.get_many(request.path_params["model"], ids, version, layer)
+    return JSONResponse({"features": {i: f.to_dict() if f else None for i, f in zip(ids, found, strict=True)}})
+
+
+_MODEL = "/v2/models/{model}"
+_VERSION = "/v2/models/{model}/versions/{version}"
+
+routes = [
+    *(Route(f"{prefix}/classify", classify, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
+    *(Route(f"{prefix}/features", features, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
+    Route("/v2/models/{model}/features/batch", stored_features, methods=["POST"]),
+    Route("/v2/models/{model}/features/{feature_id}", stored_feature, methods=["GET"]),
+]

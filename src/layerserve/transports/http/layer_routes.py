@@ -1,0 +1,32 @@
+"""layerserve's layer table: every layer of a version, in graph order."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from layerserve.serving.registry import ModelRegistry
+from layerserve.transports.http.bodies import JSONResponse
+from layerserve.transports.http.v2_routes import parse_version
+
+
+async def layers(request: Request) -> Response:
+    """GET /v2/models/{model}[/versions/{version}]/layers."""
+    registry: ModelRegistry = request.app.state.runtime.registry
+    version = registry.get(request.path_params["model"], parse_version(request))
+    graph = version.graph
+    body: dict[str, object] = {
+        "model_name": version.name,
+        "model_version": str(version.version),
+        "layers": [layer.to_dict() for layer in graph.layers],
+    }
+    if graph.unavailable_reason:
+        body["unavailable_reason"] = graph.unavailable_reason
+    return JSONResponse(body)
+
+
+routes = [
+    Route("/v2/models/{model}/layers", layers, methods=["GET"]),
+    Route("/v2/models/{model}/versions/{version}/layers", layers, methods=["GET"]),
+]
