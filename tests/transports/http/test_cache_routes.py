@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 from layerserve.settings import Settings
-from tests.conftest import load_reference
 from tests.live_server import LiveServer, free_port, start_server
+from tests.models import load_reference
 from tests.redis_server import RedisServer
 
 
@@ -127,7 +127,7 @@ def test_redis_outage_fails_no_request_and_hits_resume(cached_server: LiveServer
 
 
 def test_two_server_processes_share_entries(cached_server: LiveServer, cached_repo: Path, tmp_path: Path) -> None:
-    settings: Any = cached_server.server.config.app.state.settings
+    settings: Any = cached_server.server.config.app.state.runtime.settings
     port = free_port()
     command = [sys.executable, "-m", "layerserve", "serve", str(cached_repo), "--port", str(port),
                "--engine-cache-dir", str(tmp_path / "other"), "--redis-url", settings.redis_url,

@@ -12,8 +12,8 @@ import orjson
 import pytest
 import tritonclient.http as triton
 
-from tests.conftest import load_reference
 from tests.live_server import LiveServer
+from tests.models import load_reference
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
 
 from layerserve.settings import Settings
-from tests.conftest import _save, build_mlp, load_reference
 from tests.live_server import LiveServer, start_server
+from tests.models import build_mlp, load_reference, save_model
 
 BODY_LIMIT = 1_000_000
 
@@ -31,7 +31,7 @@ def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Byte-identical copies of one MLP (one ONNX export for all): `mlp` with a config.yaml, `counted` for the
     statistics alone, `reloadable` for loads with a config, `cached` with the feature cache."""
     repo = tmp_path_factory.mktemp("triton-extensions")
-    first = _save(build_mlp(1), repo / "mlp" / "1", "model.keras")
+    first = save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
     for name in ("counted", "reloadable", "cached"):
         (repo / name / "1").mkdir(parents=True)
         shutil.copy(first, repo / name / "1" / "model.keras")

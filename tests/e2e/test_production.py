@@ -24,9 +24,9 @@ import pytest
 from layerserve.gpu import MEMORY_LIMIT_VARIABLE, apply_settings, onnx_providers
 from layerserve.logs import JsonFormatter
 from layerserve.settings import Settings
-from tests.conftest import _save, build_mlp
 from tests.live_server import LiveServer, free_port, server_log, start_server, start_server_process, wait_process_ready
-from tests.test_text import english_reviews
+from tests.models import build_mlp, save_model
+from tests.training.test_tokenizer import english_reviews
 
 ADMIN, API = "admin-secret-token", "api-secret-token"
 
@@ -123,8 +123,8 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
         for item in (demo_repository / name).iterdir():
             target = repo / name / item.name
             target.symlink_to(item, target_is_directory=item.is_dir())
-    _save(build_mlp(1), repo / "mlp" / "1", "model.keras")
-    _save(build_mlp(2), repo / "mlp" / "2", "model.keras")
+    save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
+    save_model(build_mlp(2), repo / "mlp" / "2", "model.keras")
     (repo / "mlp" / "config.yaml").write_text("version_policy: {all: true}\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -282,7 +282,7 @@ def _slow_model(folder: Path) -> None:
     h = x
     for i in range(8):
         h = keras.layers.Dense(1024, activation="tanh", name=f"d{i}")(h)
-    _save(keras.Model(x, h), folder, "model.keras")
+    save_model(keras.Model(x, h), folder, "model.keras")
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from layerserve.lifecycle.reloader import LoadFailedError, Reloader
 from layerserve.lifecycle.repository import PIN_FILE
 from layerserve.serving.registry import ModelRegistry
 from layerserve.settings import Settings
-from tests.conftest import build_mlp
+from tests.models import build_mlp
 
 pytestmark = pytest.mark.anyio
 

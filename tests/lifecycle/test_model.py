@@ -9,7 +9,7 @@ import pytest
 
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import file_digest, find_model_file, load_model, read_signature
-from tests.conftest import build_lambda, build_multi, build_sequential
+from tests.models import build_lambda, build_multi, build_sequential
 
 
 def test_find_model_file(tmp_path: Path) -> None:

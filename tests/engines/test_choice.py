@@ -17,7 +17,7 @@ from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import file_digest, read_signature
 from layerserve.lifecycle.prepare import ModelSource, Preparer, read_record
 from layerserve.serving.layers import LayerGraph
-from tests.conftest import _save, build_multi, build_nested
+from tests.models import build_multi, build_nested, save_model
 
 
 def test_onnx_matches_keras(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_keras_engine_runs_any_batch_size() -> None:
 
 def test_preparer_child_records_layer_table_and_verdict_once(tmp_path: Path) -> None:
     model = build_nested()
-    path = _save(model, tmp_path / "m", "model.keras")
+    path = save_model(model, tmp_path / "m", "model.keras")
     source = ModelSource(path, file_digest(path), trust=False)
     cache = onnx_cache_path(tmp_path / "cache", source.digest)
     preparer = Preparer()
@@ -123,10 +123,10 @@ def test_preparer_reports_load_errors_and_a_dead_child(tmp_path: Path) -> None:
 
 
 def test_model_source_refuses_a_file_that_changed(tmp_path: Path) -> None:
-    path = _save(build_multi(), tmp_path, "model.keras")
+    path = save_model(build_multi(), tmp_path, "model.keras")
     source = ModelSource(path, file_digest(path), trust=False)
     assert read_signature(source.load()).inputs[0].name == "features"
-    _save(build_nested(), tmp_path, "model.keras")
+    save_model(build_nested(), tmp_path, "model.keras")
     with pytest.raises(ModelLoadError, match="changed since this version was loaded"):
         source.load()
 

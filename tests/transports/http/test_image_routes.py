@@ -18,8 +18,8 @@ import pytest
 from PIL import Image
 
 from layerserve.settings import Settings
+from tests.demo.test_demo import REFERENCE_TOP5, chelsea_batch, package_file
 from tests.live_server import LiveServer, start_server
-from tests.test_demo import REFERENCE_TOP5, chelsea_batch, package_file
 
 MAX_PIXELS = 2_000_000
 

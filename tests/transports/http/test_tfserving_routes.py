@@ -16,8 +16,8 @@ from PIL import Image
 
 from layerserve.settings import Settings
 from layerserve.training.tokenizer import Tokenizer
-from tests.conftest import build_mlp, build_multi, build_scalar, build_tiny_image, build_tiny_text, load_reference
 from tests.live_server import LiveServer, start_server
+from tests.models import build_mlp, build_multi, build_scalar, build_tiny_image, build_tiny_text, load_reference
 
 
 def predict(server: LiveServer, path: str, body: object) -> httpx.Response:

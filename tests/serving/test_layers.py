@@ -11,7 +11,7 @@ import pytest
 from layerserve.errors import BadRequestError
 from layerserve.lifecycle.model import read_signature
 from layerserve.serving.layers import LayerGraph, LayerInfo
-from tests.conftest import build_mobilenet, build_multi, build_nested, build_sequential
+from tests.models import build_mobilenet, build_multi, build_nested, build_sequential
 
 
 def graph_of(model: Any) -> LayerGraph:

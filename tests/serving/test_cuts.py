@@ -12,12 +12,12 @@ from layerserve.lifecycle.prepare import ModelSource, Preparer
 from layerserve.serving.cuts import CutCache
 from layerserve.serving.layers import LayerGraph
 from layerserve.settings import Settings
-from tests.conftest import _save, build_multi
+from tests.models import build_multi, save_model
 
 
 def test_cut_starts_on_keras_then_switches_to_onnx(tmp_path: Path) -> None:
     model = build_multi()
-    path = _save(model, tmp_path / "m", "model.keras")
+    path = save_model(model, tmp_path / "m", "model.keras")
     graph = LayerGraph(read_signature(model), model)
     exporter, preparer = ThreadPoolExecutor(1), Preparer()
     source = ModelSource(path, file_digest(path), trust=False)
@@ -37,7 +37,7 @@ def test_cut_starts_on_keras_then_switches_to_onnx(tmp_path: Path) -> None:
 
 def test_bounded_and_keras_only(tmp_path: Path) -> None:
     model = build_multi()
-    path = _save(model, tmp_path / "m", "model.keras")
+    path = save_model(model, tmp_path / "m", "model.keras")
     graph = LayerGraph(read_signature(model), model)
     settings = Settings(engine_cache_dir=tmp_path / "cache", engine="keras", max_cuts_per_version=2)
     exporter, preparer = ThreadPoolExecutor(1), Preparer()

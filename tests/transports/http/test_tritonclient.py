@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from tests.conftest import load_reference
 from tests.live_server import LiveServer
+from tests.models import load_reference
 
 
 @pytest.fixture

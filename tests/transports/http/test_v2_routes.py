@@ -11,8 +11,8 @@ import orjson
 import pytest
 import tensorflow as tf
 
-from tests.conftest import load_reference
 from tests.live_server import LiveServer
+from tests.models import load_reference
 
 
 def infer(server: LiveServer, path: str, body: dict[str, object]) -> httpx.Response:

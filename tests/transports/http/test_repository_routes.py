@@ -18,8 +18,8 @@ import pytest
 import tritonclient.http as triton
 
 from layerserve.settings import Settings
-from tests.conftest import build_mlp
 from tests.live_server import LiveServer, start_server
+from tests.models import build_mlp
 from tests.redis_server import RedisServer
 
 X = np.random.default_rng(9).normal(size=(2, 10)).astype(np.float32)

@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from layerserve.settings import Settings
-from tests.conftest import load_reference
 from tests.live_server import LiveServer, start_server
+from tests.models import load_reference
 
 CLIENTS = 32
 REQUESTS_PER_CLIENT = 12
@@ -88,7 +88,7 @@ def gated(repository: Path, tmp_path: Path) -> Iterator[tuple[LiveServer, GatedE
         model_repository=mlp_only, engine_cache_dir=tmp_path / "cache", max_queue_size=2, inline_max_ms=0
     )
     live = start_server(settings)  # inline_max_ms=0: the gated engine must block its thread, not the loop
-    version = live.server.config.app.state.registry.get("mlp")
+    version = live.server.config.app.state.runtime.registry.get("mlp")
     engine = GatedEngine(version.engine, threading.Event())
     version.engine = engine
     yield live, engine
@@ -104,7 +104,7 @@ def test_queue_full_is_503_and_deadline_is_504(gated: tuple[LiveServer, GatedEng
         running = pool.submit(httpx.post, f"{live.url}{url}", content=_body(x), timeout=60)
         assert engine.entered.wait(timeout=30)
         queued = [pool.submit(httpx.post, f"{live.url}{url}", content=_body(x), timeout=60) for _ in range(2)]
-        version = live.server.config.app.state.registry.get("mlp")
+        version = live.server.config.app.state.runtime.registry.get("mlp")
         for _ in range(3000):  # the two requests are on their way into the queue (at most 30 s)
             if version.batching()["queued"] == 2:
                 break

@@ -28,8 +28,8 @@ from layerserve.serving.layers import LayerGraph
 from layerserve.settings import Settings
 from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
 from layerserve.transports.http.openapi import document
-from tests.conftest import _save, build_mlp
 from tests.live_server import free_port, server_log, start_server, start_server_process, wait_process_ready
+from tests.models import build_mlp, save_model
 
 SCHEMA = schemathesis.openapi.from_dict(document())
 
@@ -39,7 +39,7 @@ def fuzz_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     """A server of its own (fuzzed management routes must not disturb the other tests' repository): one worker
     in this process, or `serve --workers 2` in a subprocess."""
     root = tmp_path_factory.mktemp("fuzz")
-    _save(build_mlp(1), root / "repo" / "mlp" / "1", "model.keras")
+    save_model(build_mlp(1), root / "repo" / "mlp" / "1", "model.keras")
     if request.param == "one worker":
         live = start_server(
             Settings(model_repository=root / "repo", engine_cache_dir=root / "cache", reload_interval_s=0)

@@ -12,8 +12,8 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.conftest import load_reference
 from tests.live_server import LiveServer
+from tests.models import load_reference
 
 CLIENTS = 16
 DURATION_S = 4.0

@@ -23,9 +23,9 @@ import pytest
 from layerserve.errors import BadRequestError, NotFoundError
 from layerserve.settings import Settings
 from layerserve.training.datasets import format_of, parse_dataset, resolve_data_path
-from tests.conftest import _save, build_mlp
 from tests.live_server import LiveServer, start_server
-from tests.test_text import NEGATIVE, POSITIVE, chinese_reviews, english_reviews, reference_scores
+from tests.models import build_mlp, save_model
+from tests.training.test_tokenizer import NEGATIVE, POSITIVE, chinese_reviews, english_reviews, reference_scores
 
 LABELS = {"pos": "正面", "neg": "负面"}  # Chinese labels: they must come back unescaped
 
@@ -62,7 +62,7 @@ def test_datasets_csv_tsv_jsonl_and_their_errors(tmp_path: Path) -> None:
 def job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Settings]]:
     root = tmp_path_factory.mktemp("jobs")
     repo, data = root / "repo", root / "data"
-    _save(build_mlp(1), repo / "mlp" / "1", "model.keras")
+    save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
     data.mkdir()
     texts, labels = english_reviews(1500)
     with (data / "rotten.csv").open("w", newline="", encoding="utf-8") as file:

@@ -16,15 +16,15 @@ import httpx
 
 from layerserve.settings import Settings
 from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
-from tests.conftest import _save, build_mlp
 from tests.live_server import start_server
-from tests.test_text import english_reviews
+from tests.models import build_mlp, save_model
+from tests.training.test_tokenizer import english_reviews
 
 X = {"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}
 
 
 def test_model_file_deleted_while_serving(tmp_path: Path) -> None:
-    _save(build_mlp(1), tmp_path / "repo" / "mlp" / "1", "model.keras")
+    save_model(build_mlp(1), tmp_path / "repo" / "mlp" / "1", "model.keras")
     settings = Settings(model_repository=tmp_path / "repo", engine_cache_dir=tmp_path / "cache", reload_interval_s=0.2)
     live = start_server(settings)
     try:
@@ -94,7 +94,7 @@ def test_unwritable_repository_fails_apply_and_training_cleanly(tmp_path: Path) 
 
 
 def test_nothing_is_unpickled_but_the_demo_checkpoint() -> None:
-    source = Path(__file__).parent.parent / "src" / "layerserve"
+    source = Path(__file__).parents[2] / "src" / "layerserve"
     for path in source.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "allow_pickle=True" not in text, path
@@ -128,7 +128,7 @@ def test_job_records_of_an_older_layerserve_are_read_and_upgraded(tmp_path: Path
 
 
 def test_unusable_job_records_disable_training_only(tmp_path: Path) -> None:
-    _save(build_mlp(1), tmp_path / "repo" / "mlp" / "1", "model.keras")
+    save_model(build_mlp(1), tmp_path / "repo" / "mlp" / "1", "model.keras")
     (tmp_path / "not-a-folder").write_text("a file where the jobs folder should be")
     settings = Settings(
         model_repository=tmp_path / "repo", engine_cache_dir=tmp_path / "cache",

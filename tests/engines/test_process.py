@@ -22,8 +22,8 @@ from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import file_digest, read_signature
 from layerserve.settings import Settings
-from tests.conftest import _save, build_mlp, build_multi, load_reference
 from tests.live_server import start_server
+from tests.models import build_mlp, build_multi, load_reference, save_model
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_an_unreadable_graph_is_a_load_error(
 
 def test_a_killed_engine_process_fails_its_version_only_and_a_load_restarts_it(tmp_path: Path) -> None:
     for name, seed in (("big", 1), ("other", 2)):
-        _save(build_mlp(seed), tmp_path / "repo" / name / "1", "model.keras")
+        save_model(build_mlp(seed), tmp_path / "repo" / name / "1", "model.keras")
     settings = Settings(
         model_repository=tmp_path / "repo", engine_cache_dir=tmp_path / "cache", reload_interval_s=0,
         engine_process_min_mb=0,
