@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from layerserve.engines.process.pool import EngineProcessPool
@@ -13,7 +15,7 @@ from layerserve.features.cache import FeatureCache
 from layerserve.lifecycle.prepare import Preparer
 from layerserve.lifecycle.repository import ModelSpec, label_version
 from layerserve.metrics import SERVED_BY
-from layerserve.serving.version import ModelVersion, VersionState, hold_for_request
+from layerserve.serving.version import ModelVersion, VersionState
 from layerserve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,7 +107,7 @@ class ModelRegistry:
         return label_version(self.entry(name).spec, label)
 
     def get(self, name: str, version: int | None = None) -> ModelVersion:
-        """The requested version (the active one when `version` is None), READY.
+        """The requested version (the active one when `version` is None), READY, not held (see `lease`).
 
         Raises:
             NotFoundError: unknown model or version.
@@ -116,8 +118,24 @@ class ModelRegistry:
         if not model_version.is_ready:
             detail = f": {model_version.reason}" if model_version.reason else ""
             raise NotReadyError(f"model '{name}' version {model_version.version} is {model_version.state}{detail}")
-        hold_for_request(model_version)
         return model_version
+
+    @asynccontextmanager
+    async def lease(self, name: str, version: int | None = None) -> AsyncIterator[ModelVersion]:
+        """The requested version (the active one when `version` is None), READY and held for the whole block:
+        a version swapped out meanwhile (during a cache lookup, an image decode, a queue) is closed only after
+        every lease on it ends. Every transport takes its versions through a lease.
+
+        Raises:
+            NotFoundError: unknown model or version.
+            NotReadyError: the version is loading or failed.
+        """
+        model_version = self.get(name, version)
+        model_version.hold()
+        try:
+            yield model_version
+        finally:
+            model_version.release()
 
     def find(self, name: str, version: int | None = None) -> ModelVersion:
         """The requested version in any state (the active one, else the newest, when `version` is None).

@@ -7,7 +7,6 @@ import hashlib
 import logging
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -45,19 +44,6 @@ from layerserve.training.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 _MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
-
-
-# The versions the current HTTP request took from the registry, released once it is answered: a version
-# swapped out while a request awaits (its body decoding, the feature cache) still answers that request.
-HELD_BY_REQUEST: ContextVar[list[ModelVersion] | None] = ContextVar("held_by_request", default=None)
-
-
-def hold_for_request(version: ModelVersion) -> None:
-    """Keep `version` from closing until the current request is answered (when called within one)."""
-    held = HELD_BY_REQUEST.get()
-    if held is not None:
-        version.hold()
-        held.append(version)
 
 
 class VersionState(StrEnum):

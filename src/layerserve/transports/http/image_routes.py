@@ -55,39 +55,41 @@ async def _output(request: Request, version: ModelVersion, output: str, pool: st
 async def classify(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/classify: images or texts in, top-k labels out."""
     registry: ModelRegistry = request.app.state.runtime.registry
-    version = registry.get(request.path_params["model"], parse_version(request))
-    k = _query_int(request, "top_k", 5) or 5
-    scores = await _output(request, version, version.classify_output, "")
-    predictions = top_k(scores, version.labels, k)
-    return JSONResponse({"model_name": version.name, "model_version": str(version.version), "predictions": predictions})
+    async with registry.lease(request.path_params["model"], parse_version(request)) as version:
+        k = _query_int(request, "top_k", 5) or 5
+        scores = await _output(request, version, version.classify_output, "")
+        predictions = top_k(scores, version.labels, k)
+        return JSONResponse(
+            {"model_name": version.name, "model_version": str(version.version), "predictions": predictions}
+        )
 
 
 async def features(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/features?layer=L[&pool=avg][&ids=a,b]: vectors out."""
     registry: ModelRegistry = request.app.state.runtime.registry
     store: FeatureStore = request.app.state.runtime.features
-    version = registry.get(request.path_params["model"], parse_version(request))
-    if version.tokenizer is None:
-        version.require_image()
-    layer = request.query_params.get("layer")
-    if not layer:
-        raise BadRequestError("query 'layer' is required: the layer whose output is the feature vector")
-    version.graph.spec(layer, "output")
-    pool = request.query_params.get("pool")
-    if pool is not None and pool not in POOLS:
-        raise BadRequestError(f"query 'pool' must be one of {', '.join(POOLS)}, got {pool!r}")
-    ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
-    vectors = await _output(request, version, layer, pool or "default")
-    if ids:
-        check_ids(ids, len(vectors))
-        stored = [StoredFeature(i, version.version, layer, v) for i, v in zip(ids, vectors, strict=True)]
-        await store.put_many(version.name, stored)
-    if wants_npy(request):
-        return Response(npy_bytes(vectors), media_type=NPY_MEDIA_TYPE)
-    return JSONResponse(
-        {"model_name": version.name, "model_version": str(version.version), "layer": layer,
-         "datatype": str(vectors.dtype), "shape": list(vectors.shape), "features": vectors}
-    )  # fmt: skip
+    async with registry.lease(request.path_params["model"], parse_version(request)) as version:
+        if version.tokenizer is None:
+            version.require_image()
+        layer = request.query_params.get("layer")
+        if not layer:
+            raise BadRequestError("query 'layer' is required: the layer whose output is the feature vector")
+        version.graph.spec(layer, "output")
+        pool = request.query_params.get("pool")
+        if pool is not None and pool not in POOLS:
+            raise BadRequestError(f"query 'pool' must be one of {', '.join(POOLS)}, got {pool!r}")
+        ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
+        vectors = await _output(request, version, layer, pool or "default")
+        if ids:
+            check_ids(ids, len(vectors))
+            stored = [StoredFeature(i, version.version, layer, v) for i, v in zip(ids, vectors, strict=True)]
+            await store.put_many(version.name, stored)
+        if wants_npy(request):
+            return Response(npy_bytes(vectors), media_type=NPY_MEDIA_TYPE)
+        return JSONResponse(
+            {"model_name": version.name, "model_version": str(version.version), "layer": layer,
+             "datatype": str(vectors.dtype), "shape": list(vectors.shape), "features": vectors}
+        )  # fmt: skip
 
 
 async def stored_feature(request: Request) -> Response:

@@ -14,16 +14,16 @@ from layerserve.transports.http.v2_routes import parse_version
 async def layers(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]/layers."""
     registry: ModelRegistry = request.app.state.runtime.registry
-    version = registry.get(request.path_params["model"], parse_version(request))
-    graph = version.graph
-    body: dict[str, object] = {
-        "model_name": version.name,
-        "model_version": str(version.version),
-        "layers": [layer.to_dict() for layer in graph.layers],
-    }
-    if graph.unavailable_reason:
-        body["unavailable_reason"] = graph.unavailable_reason
-    return JSONResponse(body)
+    async with registry.lease(request.path_params["model"], parse_version(request)) as version:
+        graph = version.graph
+        body: dict[str, object] = {
+            "model_name": version.name,
+            "model_version": str(version.version),
+            "layers": [layer.to_dict() for layer in graph.layers],
+        }
+        if graph.unavailable_reason:
+            body["unavailable_reason"] = graph.unavailable_reason
+        return JSONResponse(body)
 
 
 routes = [

@@ -17,7 +17,6 @@ from starlette.middleware.gzip import GZipMiddleware, GZipResponder
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from layerserve.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS, SERVED_BY
-from layerserve.serving.version import HELD_BY_REQUEST, ModelVersion
 
 access_log = logging.getLogger("layerserve.access")
 log = logging.getLogger(__name__)
@@ -119,8 +118,7 @@ class AuthMiddleware:
 
 
 class ObserveMiddleware:
-    """Counts and times every request by model, version, route and status; writes the access log; releases
-    the model versions the request held."""
+    """Counts and times every request by model, version, route and status; writes the access log."""
 
     def __init__(self, app: ASGIApp, log_requests: bool) -> None:
         self.app = app
@@ -143,15 +141,11 @@ class ObserveMiddleware:
             await send(message)
 
         SERVED_BY.set(None)
-        held: list[ModelVersion] = []
-        HELD_BY_REQUEST.set(held)
         IN_FLIGHT.inc()
         try:
             await self.app(scope, receive, send_and_see)
         finally:
             IN_FLIGHT.dec()
-            for version in held:
-                version.release()
             self._record(scope, status, time.perf_counter() - started)
 
     def _record(self, scope: Scope, status: int, seconds: float) -> None:

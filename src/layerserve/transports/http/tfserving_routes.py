@@ -61,40 +61,42 @@ async def model_status(request: Request) -> Response:
 
 async def model_metadata(request: Request) -> Response:
     """GET /v1/models/{model}[/versions/{version}|/labels/{label}]/metadata."""
-    version = _registry(request).get(request.path_params["model"], _version_number(request))
-    signature_defs = {tfserving.SIGNATURE_NAME: tfserving.signature_def(version.signature)}
-    return JSONResponse(
-        {
-            "model_spec": {"name": version.name, "signature_name": "", "version": str(version.version)},
-            "metadata": {"signature_def": {"signature_def": signature_defs}},
-        }
-    )
+    async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
+        signature_defs = {tfserving.SIGNATURE_NAME: tfserving.signature_def(version.signature)}
+        return JSONResponse(
+            {
+                "model_spec": {"name": version.name, "signature_name": "", "version": str(version.version)},
+                "metadata": {"signature_def": {"signature_def": signature_defs}},
+            }
+        )
 
 
 async def predict(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:predict."""
     body = await read_body(request, request.app.state.runtime.settings.max_body_bytes)
-    version = _registry(request).get(request.path_params["model"], _version_number(request))
-    parsed = tfserving.parse_predict_request(body, version.graph, version.encoded_input)
-    inputs = await version.decode_encoded(parsed.inputs, request.app.state.runtime.decoder)
-    outputs = await version.predict(inputs, parsed.outputs)
-    return Response(tfserving.encode_predict_response(parsed, outputs), media_type="application/json")
+    async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
+        parsed = tfserving.parse_predict_request(body, version.graph, version.encoded_input)
+        inputs = await version.decode_encoded(parsed.inputs, request.app.state.runtime.decoder)
+        outputs = await version.predict(inputs, parsed.outputs)
+        return Response(tfserving.encode_predict_response(parsed, outputs), media_type="application/json")
 
 
 async def classify(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:classify: the classes of each example."""
-    version = _registry(request).get(request.path_params["model"], _version_number(request))
-    inputs = await _examples(request, version)
-    scores = (await version.predict(inputs, (version.classify_output,)))[version.classify_output]
-    return Response(tfserving_examples.encode_classifications(scores, version.labels), media_type="application/json")
+    async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
+        inputs = await _examples(request, version)
+        scores = (await version.predict(inputs, (version.classify_output,)))[version.classify_output]
+        return Response(
+            tfserving_examples.encode_classifications(scores, version.labels), media_type="application/json"
+        )
 
 
 async def regress(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:regress: one value per example."""
-    version = _registry(request).get(request.path_params["model"], _version_number(request))
-    output = tfserving_examples.regression_output(version.signature)
-    values = (await version.predict(await _examples(request, version), (output,)))[output]
-    return Response(tfserving_examples.encode_regressions(values), media_type="application/json")
+    async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
+        output = tfserving_examples.regression_output(version.signature)
+        values = (await version.predict(await _examples(request, version), (output,)))[output]
+        return Response(tfserving_examples.encode_regressions(values), media_type="application/json")
 
 
 PREFIXES = ("/v1/models/{model}", "/v1/models/{model}/versions/{version}", "/v1/models/{model}/labels/{label}")
