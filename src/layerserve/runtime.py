@@ -11,6 +11,7 @@ import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from layerserve.dataplane import DataPlane
 from layerserve.features.cache import CacheBackend, FeatureCache, InProcessBackend, RedisBackend, wait_closed
 from layerserve.features.feature_store import FeatureStore
 from layerserve.features.images import ImageDecoder
@@ -31,6 +32,7 @@ class Runtime:
 
     Built from `Settings` without starting anything; `start()` loads the models (in the background, or, with
     a worker `board`, before it returns) and starts polling, sampling and the job runner; `close()` stops them.
+    `infer`, `classify` and `extract` (a layer's features) are its data plane's calls (see DataPlane).
     """
 
     def __init__(self, settings: Settings, board: WorkerBoard | None = None) -> None:
@@ -50,6 +52,8 @@ class Runtime:
         )
         self.decoder = ImageDecoder(self._decode_pool, settings.max_image_pixels)
         self.features = FeatureStore(store_backend, settings.cache_key_prefix)
+        self.data = DataPlane(self.registry, self.decoder)
+        self.infer, self.classify, self.extract = self.data.infer, self.data.classify, self.data.features
         self.jobs: JobRunner | None = None
         self.jobs_error = "training jobs are unavailable: the runtime has not started"
         self.draining = threading.Event()  # set when shutdown begins: readiness turns false

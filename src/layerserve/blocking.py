@@ -1,0 +1,82 @@
+"""BlockingRuntime: a Runtime on an event loop of its own thread, called from synchronous code (a Flask view)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from layerserve.dataplane import InferResult
+from layerserve.errors import NotReadyError
+from layerserve.runtime import Runtime
+from layerserve.settings import Settings
+from layerserve.tensors import Array
+
+T = TypeVar("T")
+
+
+class BlockingRuntime:
+    """A started Runtime whose calls block until answered; any number of threads may call it at once.
+
+    Build one per process (models load once, here); requests from many threads are batched together as the
+    server's are. `close()` (or leaving a `with` block) stops it.
+    """
+
+    def __init__(self, settings: Settings, ready_timeout_s: float = 600.0) -> None:
+        """Start the runtime and return once every model has settled.
+
+        Raises:
+            NotReadyError: the models did not settle within `ready_timeout_s`.
+        """
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="layerserve-runtime", daemon=True)
+        self._thread.start()
+        self.runtime: Runtime = self._call(self._start(settings), ready_timeout_s)
+
+    async def _start(self, settings: Settings) -> Runtime:
+        runtime = Runtime(settings)
+        await runtime.start()
+        await runtime.registry.wait_settled()
+        return runtime
+
+    def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise NotReadyError(f"no answer within {timeout_s} s") from None
+
+    def infer(
+        self, model: str, inputs: Mapping[str, Any], outputs: Sequence[str] = (), version: int | None = None
+    ) -> InferResult:
+        """`Runtime.infer`, blocking."""
+        return self._call(self.runtime.infer(model, inputs, outputs, version))
+
+    def classify(
+        self, model: str, items: Sequence[bytes | str], top: int = 5, version: int | None = None
+    ) -> list[list[dict[str, Any]]]:
+        """`Runtime.classify`, blocking."""
+        return self._call(self.runtime.classify(model, items, top, version))
+
+    def extract(
+        self, model: str, items: Sequence[bytes | str], layer: str, pool: str = "", version: int | None = None
+    ) -> Array:
+        """`Runtime.extract` (a layer's features), blocking."""
+        return self._call(self.runtime.extract(model, items, layer, pool, version))
+
+    def close(self) -> None:
+        """Stop the runtime and its thread."""
+        if self._thread.is_alive():
+            self._call(self.runtime.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def __enter__(self) -> BlockingRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
