@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from soak_load import KINDS, TEXT_MODEL, TEXTS, Tally, closed_loop, package_dir, request
+from soak_load import KINDS, TEXT_MODEL, TEXTS, Tally, closed_loop, package_dir, prewarm, request
 from soak_server import SERVING_ROLES, MemorySampler, ProcessMemory, RedisProcess, free_port
 
 
@@ -50,6 +50,7 @@ class SoakOptions:
     keep_versions: int = 3
     redis_restarts: int = 2
     warmup_s: float | None = None  # None: min(60, 20% of the duration)
+    prewarm_requests: int = 20  # of each kind, each on a new connection, before the clock starts
     sample_every_s: float = 5.0
     clients_per_kind: int = 1
     think_ms: float = 20.0  # pause between a client's answer and its next request (CPU left for reloads, training)
@@ -212,7 +213,9 @@ class Soak:
                 return
 
     async def run(self, client: httpx.AsyncClient) -> None:
-        """The load and the events, for `duration_s`."""
+        """The pre-warm, then the load and the events for `duration_s`."""
+        await prewarm(client, self.tally, self.options.prewarm_requests)
+        self.started = self.tally.started = time.monotonic()
         stop_at, think_s = self.at(self.options.duration_s), self.options.think_ms / 1000
         url = str(client.base_url).rstrip("/")
         loops = [
@@ -320,6 +323,7 @@ def run_soak(options: SoakOptions) -> SoakReport:
         redis.kill()
     soak.report.processes = sorted(sampler.processes.values(), key=lambda p: (p.role, p.pid))
     soak.report.server_log = str(log)
+    (work / "report.json").write_text(json.dumps(soak.report.to_json(), indent=2, ensure_ascii=False), encoding="utf-8")
     return soak.report
 
 
@@ -350,7 +354,15 @@ def main() -> int:
     defaults = SoakOptions()
     for name in ("duration_s", "new_version_every_s", "sample_every_s", "max_rss_growth_mb", "train_at_fraction"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
-    for name in ("keep_versions", "redis_restarts", "clients_per_kind", "workers", "train_rows", "train_epochs"):
+    for name in (
+        "prewarm_requests",
+        "keep_versions",
+        "redis_restarts",
+        "clients_per_kind",
+        "workers",
+        "train_rows",
+        "train_epochs",
+    ):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     parser.add_argument("--think-ms", type=float, default=defaults.think_ms)
     parser.add_argument("--reconnect-s", type=float, default=defaults.reconnect_s)

@@ -186,6 +186,17 @@ async def closed_loop(url: str, tally: Tally, kind: str, seed: int, stop_at: flo
                 await asyncio.sleep(think_s)
 
 
+async def prewarm(client: httpx.AsyncClient, tally: Tally, count: int) -> None:
+    """Each kind of request `count` times, each on a new connection: every worker then has loaded what each
+    kind needs (TensorFlow for cuts, sessions, caches) before memory is watched."""
+    rng = np.random.default_rng(0)
+    for _ in range(count):
+        for kind, build in BUILDERS.items():
+            path, kwargs, check = build(rng)
+            kwargs["headers"] = {**kwargs.get("headers", {}), "Connection": "close"}
+            await request(client, tally, kind, "POST", path, check, **kwargs)
+
+
 def text_classify(rng: np.random.Generator) -> Request:
     """1-3 texts to the text model's /classify."""
     texts = [TEXTS[int(i)] for i in rng.integers(len(TEXTS), size=int(rng.integers(1, 4)))]
