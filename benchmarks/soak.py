@@ -102,6 +102,8 @@ class SoakReport:
         problems = [f"{self.failure_count} failed requests"] if self.failure_count else []
         problems += [f"{p.role} {p.pid} grew {p.growth_mb:+.1f} MB" for p in self.grown()]
         problems += [f"{p.role} {p.pid} exited" for p in self.processes if p.role == "worker" and not p.alive_at_end]
+        if self.training.get("state") in {"failed", "cancelled"}:
+            problems.append(f"the training job {self.training['state']}: {self.training.get('error')}")
         if not self.ready_at_end:
             problems.append("the server was not ready at the end")
         return problems
