@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ class SoakOptions:
     duration_s: float = 1800.0
     new_version_every_s: float = 10.0
     keep_versions: int = 3
+    new_bytes: bool = False  # each new version's model file differs (prepared and exported again), as new weights
     redis_restarts: int = 2
     warmup_s: float | None = None  # None: min(60, 20% of the duration)
     prewarm_requests: int = 20  # of each kind, each on a new connection, before the clock starts
@@ -129,12 +131,16 @@ def chinese_reviews(per_label: int, seed: int = 0) -> dict[str, list[str]]:
     return {"texts": texts, "labels": labels}
 
 
-def new_version(model_dir: Path, keep: int) -> int:
-    """Copy the newest version folder to the next number (under a hidden name, then renamed); drop the oldest."""
+def new_version(model_dir: Path, keep: int, new_bytes: bool = False) -> int:
+    """Copy the newest version folder to the next number (under a hidden name, then renamed); drop the oldest.
+    With `new_bytes`, the copy's `.keras` archive gets one more (ignored) entry: a new hash, prepared again."""
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.name.isdigit())
     number = versions[-1] + 1
     staging = model_dir / f".staging-{number}"
     shutil.copytree(model_dir / str(versions[-1]), staging)
+    if new_bytes:
+        with zipfile.ZipFile(staging / "model.keras", "a") as archive:
+            archive.writestr(f"soak-{number}.txt", str(number))
     staging.rename(model_dir / str(number))
     for old in [*versions, number][:-keep]:
         shutil.rmtree(model_dir / str(old))
@@ -177,7 +183,8 @@ class Soak:
         every = self.options.new_version_every_s
         while time.monotonic() + every < stop_at:
             await asyncio.sleep(every)
-            number = new_version(self.repository / "token_classifier", self.options.keep_versions)
+            options = self.options
+            number = new_version(self.repository / "token_classifier", options.keep_versions, options.new_bytes)
             self.report.versions_created += 1
             self.event(f"token_classifier version {number} copied in")
 
@@ -366,6 +373,7 @@ def main() -> int:
         "train_epochs",
     ):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    parser.add_argument("--new-bytes", action="store_true", help="new versions get a model file of a new hash")
     parser.add_argument("--think-ms", type=float, default=defaults.think_ms)
     parser.add_argument("--reconnect-s", type=float, default=defaults.reconnect_s)
     parser.add_argument("--warmup-s", type=float, default=None, help="default: 60 s or 20%% of the duration")
