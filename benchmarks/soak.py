@@ -8,13 +8,15 @@ through `POST /v2/models/reviews/train`. Then, for `--duration-s`, closed-loop c
 V2 JSON and V2 binary infer to the token classifier, a layer of it as a V2 output (`pool`), photos of
 scikit-image to EfficientNet's `/classify` and `/features?layer=avg_pool` (a quarter with `cache=false`),
 and texts to `reviews`' `/classify`. Meanwhile a new version of the token classifier is copied in every
-`--new-version-every-s` (hidden name, then renamed; the oldest removed beyond `--keep-versions`), one
+`--new-version-every-s` (hidden name, then renamed; the oldest removed beyond `--keep-versions`; with
+`--new-bytes` each copy's model file gets a new hash, so it is prepared and exported again), one
 training job makes `reviews` version 2, and Redis is killed and restarted on its port `--redis-restarts`
 times. Every answer is counted by (route, status): 2xx with a well-formed body, 503 with Retry-After and
 504 are expected; anything else, a malformed body or a transport error is a failure. Every server
 process's resident memory (the supervisor and its descendants, from /proc) is sampled every
 `--sample-every-s`; growth is measured from the first sample after the warm-up to the last.
-Exit status 1 if anything failed or a process alive at warm-up grew more than `--max-rss-growth-mb`.
+Exit status 1 if a request failed, the training job did not start or failed, the server was not ready at the
+end, or a serving process alive at warm-up grew more than `--max-rss-growth-mb`.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class SoakReport:
         problems = [f"{self.failure_count} failed requests"] if self.failure_count else []
         problems += [f"{p.role} {p.pid} grew {p.growth_mb:+.1f} MB" for p in self.grown()]
         problems += [f"{p.role} {p.pid} exited" for p in self.processes if p.role == "worker" and not p.alive_at_end]
-        if self.training.get("state") in {"failed", "cancelled"}:
+        if self.training.get("state") in {"failed", "cancelled", "not started"}:
             problems.append(f"the training job {self.training['state']}: {self.training.get('error')}")
         if not self.ready_at_end:
             problems.append("the server was not ready at the end")
@@ -206,6 +208,9 @@ class Soak:
                 "params": {"split": "character", "epochs": self.options.train_epochs}}  # fmt: skip
         started = await request(client, self.tally, "train", "POST", f"/v2/models/{TEXT_MODEL}/train", json=body)
         if started is None or started.status_code != 202:
+            why = "a transport error" if started is None else f"{started.status_code} {started.text[:300]}"
+            self.report.training = {"state": "not started", "error": why}
+            self.event(f"training job not started: {why}")
             return
         job_id = started.json()["job_id"]
         self.report.training = {"job_id": job_id, "state": "queued", "started_s": self.now()}

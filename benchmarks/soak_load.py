@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import json
 import time
@@ -85,11 +86,17 @@ def v2_binary(rng: np.random.Generator) -> Request:
     return "/v2/models/token_classifier/infer", {"content": body, "headers": headers}, check
 
 
+@functools.cache
+def photo_bytes(name: str) -> bytes:
+    """One of scikit-image's photos, as its file's bytes (ASSETS.md)."""
+    return (package_dir("skimage") / "data" / name).read_bytes()
+
+
 def _photo(rng: np.random.Generator) -> tuple[bytes, dict[str, str], str]:
     name = PHOTOS[int(rng.integers(len(PHOTOS)))]
     media = "image/jpeg" if name.endswith(".jpg") else "image/png"
     cache = "&cache=false" if rng.random() < 0.25 else ""
-    return (package_dir("skimage") / "data" / name).read_bytes(), {"Content-Type": media}, cache
+    return photo_bytes(name), {"Content-Type": media}, cache
 
 
 def image_classify(rng: np.random.Generator) -> Request:
