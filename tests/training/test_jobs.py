@@ -273,3 +273,27 @@ def test_cli_train_writes_and_pins_a_version(tmp_path: Path) -> None:
     assert "input: text" in (tmp_path / "repo" / "zh" / "config.yaml").read_text()
     bad = subprocess.run([*command, "--epochs", "0"], capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode == 2 and "param 'epochs'" in bad.stderr
+
+
+def _open_store_when_told(path: str, start: Any) -> None:
+    from layerserve.job_store import JobStore
+
+    start.wait(30)
+    JobStore(Path(path))
+
+
+def test_workers_that_open_a_fresh_job_store_at_once_all_succeed(tmp_path: Path) -> None:
+    """Workers starting together once raced to add the same columns ('duplicate column name')."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for round_number in range(10):
+        path = tmp_path / f"round-{round_number}" / "jobs.sqlite3"
+        start = context.Event()
+        workers = [context.Process(target=_open_store_when_told, args=(str(path), start)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        start.set()
+        for worker in workers:
+            worker.join(60)
+        assert [worker.exitcode for worker in workers] == [0, 0, 0, 0], round_number

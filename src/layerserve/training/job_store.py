@@ -91,11 +91,19 @@ class JobStore:
         self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
         self._lock = threading.Lock()
         with self._lock:
-            self._connection.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY)")
-            present = {row[1] for row in self._connection.execute("PRAGMA table_info(jobs)")}
-            for column, kind in _SCHEMA.items():  # adds what an older layerserve's table lacks
-                if column not in present:
-                    self._connection.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+            # One writer at a time: workers starting together would otherwise both see a column missing and
+            # the second ALTER would fail ("duplicate column name"), leaving that worker without jobs.
+            self._connection.execute("BEGIN IMMEDIATE")
+            try:
+                self._connection.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY)")
+                present = {row[1] for row in self._connection.execute("PRAGMA table_info(jobs)")}
+                for column, kind in _SCHEMA.items():  # adds what an older layerserve's table lacks
+                    if column not in present:
+                        self._connection.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+            except BaseException:
+                self._connection.execute("ROLLBACK")
+                raise
+            self._connection.execute("COMMIT")
 
     def save(self, job: Job) -> None:
         """Insert or update the record."""
