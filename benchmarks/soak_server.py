@@ -102,7 +102,7 @@ def role_of(pid: int, supervisor: int) -> str:
         return "gone"
     if pid == supervisor:
         return "supervisor"
-    if "layerserve.train_job" in command:
+    if "layerserve.training.train_job" in command:
         return "training job"
     if "resource_tracker" in command:
         return "resource tracker"

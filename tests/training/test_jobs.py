@@ -276,7 +276,7 @@ def test_cli_train_writes_and_pins_a_version(tmp_path: Path) -> None:
 
 
 def _open_store_when_told(path: str, start: Any) -> None:
-    from layerserve.job_store import JobStore
+    from layerserve.training.job_store import JobStore
 
     start.wait(30)
     JobStore(Path(path))
