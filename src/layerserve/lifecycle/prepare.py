@@ -9,6 +9,7 @@ request needs a cut (see `LayerGraph`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import multiprocessing
@@ -133,15 +134,10 @@ def _write_record(cache_file: Path, data: dict[str, Any]) -> None:
 
 # --- In the child process -------------------------------------------------------------------------------
 
-_loaded: dict[str, tuple[Any, LayerGraph]] = {}  # the child's last model, by digest, for its cuts
-
-
+@functools.lru_cache(maxsize=1)  # the child's last model, kept for its cuts
 def _model_and_graph(source: ModelSource) -> tuple[Any, LayerGraph]:
-    if source.digest not in _loaded:
-        _loaded.clear()
-        model = source.load()
-        _loaded[source.digest] = (model, LayerGraph(read_signature(model), model))
-    return _loaded[source.digest]
+    model = source.load()
+    return model, LayerGraph(read_signature(model), model)
 
 
 def prepare_model(source: ModelSource, cache_file: Path, probe_rows: int) -> dict[str, Any]:
