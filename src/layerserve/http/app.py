@@ -26,6 +26,8 @@ from layerserve.cache import CacheBackend, FeatureCache, InProcessBackend, Redis
 from layerserve.errors import LayerserveError
 from layerserve.feature_store import FeatureStore
 from layerserve.gpu import apply_settings
+from layerserve.grpc.server import GrpcDoor
+from layerserve.grpc.servicer import ServingState
 from layerserve.http import (
     image_routes,
     job_routes,
@@ -126,6 +128,26 @@ def _middleware(settings: Settings) -> list[Middleware]:
     return middleware
 
 
+@asynccontextmanager
+async def _grpc_door(settings: Settings, app: Starlette) -> AsyncIterator[None]:
+    """The gRPC door over the app's registry while the app serves (off when `grpc_port` is 0); it stops with a
+    grace of `shutdown_timeout_s` for the calls in flight."""
+    if not settings.grpc_port:
+        yield
+        return
+    state, board = app.state, app.state.board
+
+    def is_ready() -> bool:
+        return state.registry.is_ready and not state.draining.is_set() and (board is None or board.is_ready())
+
+    door = GrpcDoor(settings, ServingState(state.registry, state.reloader, state.decoder, is_ready))
+    await door.start()
+    try:
+        yield
+    finally:
+        await door.stop(settings.shutdown_timeout_s)
+
+
 def app_from_environment() -> Starlette:
     """The app of one worker process of `layerserve serve --workers N` (settings passed as JSON)."""
     settings = Settings.model_validate_json(os.environ[SETTINGS_VARIABLE])
@@ -178,7 +200,8 @@ def create_app(settings: Settings, board: WorkerBoard | None = None) -> Starlett
             await registry.wait_settled()
             board.mark_ready()
         try:
-            yield
+            async with _grpc_door(settings, app):
+                yield
         finally:
             if board is not None:
                 board.withdraw()
