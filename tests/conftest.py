@@ -136,8 +136,8 @@ def settings(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Sett
 
 @pytest.fixture(scope="session")
 def server(settings: Settings) -> Iterator[LiveServer]:
-    """A real server on 127.0.0.1 over the test repository, ready."""
-    live = start_server(settings)
+    """A real server on 127.0.0.1 over the test repository, ready; its gRPC door on a port of its own."""
+    live = start_server(settings, grpc=True)
     yield live
     live.stop()
 

@@ -32,6 +32,13 @@ class LiveServer:
     url: str
     server: uvicorn.Server
     thread: threading.Thread
+    grpc_port: int = 0
+
+    @property
+    def grpc_target(self) -> str:
+        """`127.0.0.1:GRPC_PORT`, the gRPC door (started by the app's lifespan when `grpc=True`)."""
+        assert self.grpc_port, "this server was started without its gRPC door (start_server(..., grpc=True))"
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def host_port(self) -> str:
@@ -44,14 +51,18 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
-def start_server(settings: Settings, ready_timeout_s: float = 180) -> LiveServer:
-    """Start uvicorn with create_app(settings) and return once /v2/health/ready answers 200."""
-    port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+def start_server(settings: Settings, ready_timeout_s: float = 180, grpc: bool = False) -> LiveServer:
+    """Start uvicorn with create_app(settings) and return once /v2/health/ready answers 200.
+
+    With `grpc`, the app's gRPC door listens on a free port too; without, it is off (never the default 8001).
+    """
+    port, grpc_port = free_port(), free_port() if grpc else 0
+    app = create_app(settings.model_copy(update={"grpc_port": grpc_port}))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
-    live = LiveServer(f"http://127.0.0.1:{port}", server, thread)
+    live = LiveServer(f"http://127.0.0.1:{port}", server, thread, grpc_port)
     deadline = time.monotonic() + ready_timeout_s
     # A bounded wait on the real readiness endpoint: the server is a black box from here.
     while time.monotonic() < deadline:
@@ -66,8 +77,9 @@ def start_server(settings: Settings, ready_timeout_s: float = 180) -> LiveServer
 
 
 def start_server_process(repository: Path, cache: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
-    """`layerserve serve` in a subprocess, logging to `server.log` beside the repository."""
-    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
+    """`layerserve serve` in a subprocess, logging to `server.log` beside the repository (gRPC off unless `flags`
+    give a `--grpc-port`)."""
+    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port), "--grpc-port", "0"]
     command += ["--engine-cache-dir", str(cache), "--log-level", "warning", "--log-file", str(server_log(repository))]
     return subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -1,0 +1,230 @@
+"""The gRPC door with real clients: tritonclient.grpc (sync, aio, streams), grpc health and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import keras
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.grpc.aio as tga
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from layerserve.errors import LayerserveError
+from layerserve.grpc.calls import CallGuard, status_of
+from layerserve.settings import Settings
+from tests.conftest import build_mlp, load_reference
+from tests.live_server import LiveServer, free_port, server_log, start_server, start_server_process, wait_process_ready
+
+ADMIN, API = "admin-secret", "api-secret"
+
+
+@pytest.fixture
+def client(server: LiveServer) -> Iterator[tg.InferenceServerClient]:
+    with tg.InferenceServerClient(server.grpc_target) as triton:
+        yield triton
+
+
+def _mlp_input(rows: int, seed: int = 0) -> tuple[np.ndarray, tg.InferInput]:
+    x = np.random.default_rng(seed).normal(size=(rows, 10)).astype(np.float32)
+    tensor = tg.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return x, tensor
+
+
+def _code(error: InferenceServerException) -> str:
+    return str(error.status())
+
+
+def test_health_metadata_health_service_and_reflection(client: tg.InferenceServerClient, server: LiveServer) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("mlp") and client.is_model_ready("mlp", "1")
+    assert not client.is_model_ready("corrupt") and not client.is_model_ready("nope")
+    assert client.get_server_metadata().name == "layerserve"
+    meta = client.get_model_metadata("multi")
+    assert [(i.name, i.datatype, list(i.shape)) for i in meta.inputs] == [
+        ("features", "FP32", [-1, 4]), ("tokens", "INT32", [-1, 3])
+    ]  # fmt: skip
+    assert client.get_model_metadata("mlp", "1").versions == ["1", "2"]
+    config = client.get_model_config("mlp").config
+    assert config.name == "mlp" and config.max_batch_size == 16 and list(config.input[0].dims) == [10]
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "inference.GRPCInferenceService"):
+            answer = health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        listed = next(iter(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
+        names = {service.name for service in listed.list_services_response.service}
+        assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+
+
+def test_infer_equals_keras_and_rest(client: tg.InferenceServerClient, server: LiveServer, repository: Path) -> None:
+    x, tensor = _mlp_input(5)
+    result = client.infer("mlp", [tensor], model_version="1", request_id="r1")
+    assert result.get_response().id == "r1" and result.get_response().model_version == "1"
+    expected = np.asarray(load_reference(repository, "mlp", 1)(x))
+    np.testing.assert_allclose(result.as_numpy("probs"), expected, atol=1e-5)
+    rest = httpx.post(f"{server.url}/v2/models/mlp/versions/1/infer", json={
+        "inputs": [{"name": "x", "shape": [5, 10], "datatype": "FP32", "data": x.ravel().tolist()}]
+    }).json()  # fmt: skip
+    np.testing.assert_array_equal(result.as_numpy("probs").ravel(), np.asarray(rest["outputs"][0]["data"], np.float32))
+
+
+def test_outputs_in_requested_order_layers_and_cuts(client: tg.InferenceServerClient, repository: Path) -> None:
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(2, 4)).astype(np.float32)
+    tokens = rng.integers(0, 10, size=(2, 3)).astype(np.int32)
+    inputs = [tg.InferInput("features", [2, 4], "FP32"), tg.InferInput("tokens", [2, 3], "INT32")]
+    inputs[0].set_data_from_numpy(features)
+    inputs[1].set_data_from_numpy(tokens)
+    wanted = ["probs", "joined", "regression"]
+    result = client.infer("multi", inputs, outputs=[tg.InferRequestedOutput(name) for name in wanted])
+    assert [o.name for o in result.get_response().outputs] == wanted
+    model = load_reference(repository, "multi", 1)
+    probe = keras.Model(model.inputs, [model.get_layer(n).output for n in wanted])
+    for name, expected in zip(wanted, probe([features, tokens]), strict=True):
+        np.testing.assert_allclose(result.as_numpy(name), np.asarray(expected), atol=1e-5)
+    # A cut: the layer `joined` fed as an input, the graph run from there.
+    joined = tg.InferInput("joined", [2, 10], "FP32")
+    joined.set_data_from_numpy(result.as_numpy("joined"))
+    cut = client.infer("multi", [joined], outputs=[tg.InferRequestedOutput("probs")])
+    np.testing.assert_allclose(cut.as_numpy("probs"), result.as_numpy("probs"), atol=1e-5)
+
+
+def test_typed_contents_and_classification(server: LiveServer, repository: Path) -> None:
+    x = np.random.default_rng(4).normal(size=(2, 10)).astype(np.float32)
+    request = service_pb2.ModelInferRequest(model_name="mlp", model_version="2")
+    request.inputs.add(name="x", datatype="FP32", shape=[2, 10]).contents.fp32_contents.extend(x.ravel().tolist())
+    request.outputs.add(name="probs")
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+    assert answer.outputs[0].name == "probs" and list(answer.outputs[0].shape) == [2, 3]
+    probs = np.frombuffer(answer.raw_output_contents[0], "<f4").reshape(2, 3)
+    np.testing.assert_allclose(probs, np.asarray(load_reference(repository, "mlp", 2)(x)), atol=1e-5)
+    with tg.InferenceServerClient(server.grpc_target) as client:
+        tensor = tg.InferInput("x", [2, 10], "FP32")
+        tensor.set_data_from_numpy(x)
+        top = client.infer("mlp", [tensor], "2", outputs=[tg.InferRequestedOutput("probs", class_count=2)])
+    best = top.as_numpy("probs")
+    assert best.shape == (2, 2)
+    for row, scores in zip(best, probs, strict=True):
+        score, index = row[0].decode().split(":")[:2]
+        assert int(index) == int(np.argmax(scores)) and abs(float(score) - scores.max()) < 1e-5
+
+
+def test_errors_map_to_status_codes(client: tg.InferenceServerClient) -> None:
+    _, tensor = _mlp_input(1)
+    cases: list[tuple[str, list[tg.InferInput], str]] = [("nope", [tensor], "StatusCode.NOT_FOUND")]
+    wrong_type = tg.InferInput("x", [1, 10], "FP64")
+    wrong_type.set_data_from_numpy(np.zeros((1, 10)))
+    wrong_shape = tg.InferInput("x", [1, 9], "FP32")
+    wrong_shape.set_data_from_numpy(np.zeros((1, 9), np.float32))
+    unknown = tg.InferInput("y", [1, 10], "FP32")
+    unknown.set_data_from_numpy(np.zeros((1, 10), np.float32))
+    cases += [("mlp", [wrong_type], "StatusCode.INVALID_ARGUMENT"), ("mlp", [wrong_shape], "StatusCode.INVALID_ARGUMENT")]
+    cases += [("mlp", [unknown], "StatusCode.INVALID_ARGUMENT"), ("corrupt", [tensor], "StatusCode.UNAVAILABLE")]
+    for model, inputs, code in cases:
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer(model, inputs)
+        assert _code(caught.value) == code, (model, caught.value.message())
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("mlp", [tensor], model_version="0")
+    assert _code(caught.value) == "StatusCode.INVALID_ARGUMENT" and "positive integer" in caught.value.message()
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("mlp", [tensor], outputs=[tg.InferRequestedOutput("nope")])
+    assert "unknown output 'nope'" in caught.value.message()
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_system_shared_memory_status()
+    assert _code(caught.value) == "StatusCode.UNIMPLEMENTED" and "shared memory" in caught.value.message()
+
+
+def test_every_error_status_maps(caplog: pytest.LogCaptureFixture) -> None:
+    codes = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+             409: "FAILED_PRECONDITION", 413: "RESOURCE_EXHAUSTED", 415: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT",
+             503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}  # fmt: skip
+    for status, name in codes.items():
+        error = type("Error", (LayerserveError,), {"status_code": status})("what went wrong")
+        assert status_of(error, {}) == (getattr(grpc.StatusCode, name), "what went wrong")
+
+    async def bug() -> None:
+        raise RuntimeError("a bug")
+
+    guard = CallGuard(None, None, log_requests=False)
+    with caplog.at_level(logging.ERROR, "layerserve.http.middleware"):
+        answer, code, message = asyncio.run(guard.attempt("ModelInfer", bug))
+    assert answer is None and code is grpc.StatusCode.INTERNAL and message.startswith("internal error ")
+    logged = [r for r in caplog.records if message.removeprefix("internal error ") in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+
+
+def test_stream_answers_every_request(server: LiveServer, repository: Path) -> None:
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    reference = load_reference(repository, "mlp", 2)
+    with tg.InferenceServerClient(server.grpc_target) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        sent = {}
+        for i in range(6):
+            x, tensor = _mlp_input(i + 1, seed=i)
+            sent[f"s{i}"] = x
+            client.async_stream_infer("mlp", [tensor], request_id=f"s{i}")
+        _, bad = _mlp_input(1)
+        client.async_stream_infer("nope", [bad], request_id="bad")
+        answers = [results.get(timeout=60) for _ in range(7)]
+        client.stop_stream()
+    errors = [error for result, error in answers if error is not None]
+    assert len(errors) == 1 and "unknown model 'nope'" in errors[0].message()
+    for result, error in answers:
+        if error is None:
+            x = sent[result.get_response().id]
+            np.testing.assert_allclose(result.as_numpy("probs"), np.asarray(reference(x)), atol=1e-5)
+    assert {r.get_response().id for r, e in answers if e is None} == set(sent)
+
+
+def test_aio_client_infer_stream_and_statistics(server: LiveServer, repository: Path) -> None:
+    reference = load_reference(repository, "mlp", 1)
+
+    async def run() -> None:
+        async with tga.InferenceServerClient(server.grpc_target) as client:
+            before = (await client.get_inference_statistics("mlp", "1")).model_stats[0]
+            x, _ = _mlp_input(3, seed=9)
+            tensor = tga.InferInput("x", [3, 10], "FP32")
+            tensor.set_data_from_numpy(x)
+            result = await client.infer("mlp", [tensor], model_version="1")
+            np.testing.assert_allclose(result.as_numpy("probs"), np.asarray(reference(x)), atol=1e-5)
+
+            async def requests() -> Any:
+                for i in range(3):
+                    yield {"model_name": "mlp", "model_version": "1", "inputs": [tensor], "request_id": f"a{i}"}
+
+            seen = []
+            async for answer, error in client.stream_infer(requests()):
+                assert error is None
+                np.testing.assert_allclose(answer.as_numpy("probs"), np.asarray(reference(x)), atol=1e-5)
+                seen.append(answer.get_response().id)
+                if len(seen) == 3:
+                    break
+            assert sorted(seen) == ["a0", "a1", "a2"]
+            after = (await client.get_inference_statistics("mlp", "1")).model_stats[0]
+            assert after.inference_stats.success.count == before.inference_stats.success.count + 4
+            assert after.inference_count >= before.inference_count + 12
+
+    asyncio.run(run())
+
+
+def test_grpc_requests_are_counted_in_metrics(client: tg.InferenceServerClient, server: LiveServer) -> None:
+    _, tensor = _mlp_input(1)
+    client.infer("mlp", [tensor])
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'route="grpc.ModelInfer",status="OK"' in text
