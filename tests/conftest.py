@@ -162,3 +162,34 @@ def rng() -> np.random.Generator:
 def anyio_backend() -> str:
     """Async tests run on asyncio (anyio's pytest plugin)."""
     return "asyncio"
+
+
+ADMIN_TOKEN, API_TOKEN = "admin-secret", "api-secret"
+SLOW_ROWS = 4000  # rows of a request that keeps the slow model busy for a while (seconds on a CPU)
+
+
+def build_slow() -> Any:
+    """16 floats -> six 1024-wide layers: SLOW_ROWS rows take a while on a CPU, from a small body."""
+    keras.utils.set_random_seed(13)
+    x = keras.Input((16,), name="x")
+    h = x
+    for i in range(6):
+        h = keras.layers.Dense(1024, activation="tanh", name=f"d{i}")(h)
+    return keras.Model(x, h, name="slow")
+
+
+@pytest.fixture(scope="session")
+def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server with admin and API tokens, a 1 MB body limit, its gRPC door, over `mlp` and `slow` (one
+    request per model call, so that a second request waits in the queue while the first is computed)."""
+    repo = tmp_path_factory.mktemp("guarded")
+    _save(build_mlp(1), repo / "mlp" / "1", "model.keras")
+    _save(build_slow(), repo / "slow" / "1", "model.keras")
+    (repo / "slow" / "config.yaml").write_text("max_batch_size: 1\n")
+    settings = Settings(
+        model_repository=repo, engine_cache_dir=tmp_path_factory.mktemp("guarded-cache"), admin_token=ADMIN_TOKEN,
+        api_token=API_TOKEN, max_body_bytes=1024 * 1024, reload_interval_s=0,
+    )  # fmt: skip
+    live = start_server(settings, grpc=True)
+    yield live
+    live.stop()

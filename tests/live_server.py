@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +104,21 @@ def wait_process_ready(url: str, process: subprocess.Popen[bytes], log: Path, ti
             pass
         time.sleep(0.2)
     raise AssertionError("the server did not become ready")
+
+
+def metric_sample(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
+    """The value of one sample of the server's /metrics (the sum of the samples with these labels; 0 if none)."""
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+    """Poll a server state (a black box from here) until `check` holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)

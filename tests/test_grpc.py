@@ -24,10 +24,22 @@ from tritonclient.utils import InferenceServerException
 from layerserve.errors import LayerserveError
 from layerserve.grpc.calls import CallGuard, status_of
 from layerserve.settings import Settings
-from tests.conftest import build_mlp, load_reference
-from tests.live_server import LiveServer, free_port, server_log, start_server, start_server_process, wait_process_ready
+from tests.conftest import ADMIN_TOKEN, API_TOKEN, SLOW_ROWS, load_reference
+from tests.live_server import (
+    LiveServer,
+    free_port,
+    metric_sample,
+    server_log,
+    start_server,
+    start_server_process,
+    wait_process_ready,
+    wait_until,
+)
+from tests.test_demo import chelsea_batch, package_file
 
-ADMIN, API = "admin-secret", "api-secret"
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+API = {"authorization": f"Bearer {API_TOKEN}"}
+REST_API = {"Authorization": f"Bearer {API_TOKEN}"}
 
 
 @pytest.fixture
@@ -65,7 +77,8 @@ def test_health_metadata_health_service_and_reflection(client: tg.InferenceServe
             answer = health.Check(health_pb2.HealthCheckRequest(service=service))
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        listed = next(iter(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
+        asked = iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        listed = next(iter(reflection.ServerReflectionInfo(asked)))
         names = {service.name for service in listed.list_services_response.service}
         assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
 
@@ -133,8 +146,9 @@ def test_errors_map_to_status_codes(client: tg.InferenceServerClient) -> None:
     wrong_shape.set_data_from_numpy(np.zeros((1, 9), np.float32))
     unknown = tg.InferInput("y", [1, 10], "FP32")
     unknown.set_data_from_numpy(np.zeros((1, 10), np.float32))
-    cases += [("mlp", [wrong_type], "StatusCode.INVALID_ARGUMENT"), ("mlp", [wrong_shape], "StatusCode.INVALID_ARGUMENT")]
-    cases += [("mlp", [unknown], "StatusCode.INVALID_ARGUMENT"), ("corrupt", [tensor], "StatusCode.UNAVAILABLE")]
+    invalid = "StatusCode.INVALID_ARGUMENT"
+    cases += [("mlp", [wrong_type], invalid), ("mlp", [wrong_shape], invalid), ("mlp", [unknown], invalid)]
+    cases += [("corrupt", [tensor], "StatusCode.UNAVAILABLE")]
     for model, inputs, code in cases:
         with pytest.raises(InferenceServerException) as caught:
             client.infer(model, inputs)
@@ -228,3 +242,150 @@ def test_grpc_requests_are_counted_in_metrics(client: tg.InferenceServerClient, 
     client.infer("mlp", [tensor])
     text = httpx.get(f"{server.url}/metrics").text
     assert 'route="grpc.ModelInfer",status="OK"' in text
+
+
+def _slow_input(rows: int) -> tg.InferInput:
+    tensor = tg.InferInput("x", [rows, 16], "FP32")
+    tensor.set_data_from_numpy(np.random.default_rng(rows).normal(size=(rows, 16)).astype(np.float32))
+    return tensor
+
+
+def _raises(code: str, call: Any, *args: Any, **kwargs: Any) -> str:
+    with pytest.raises(InferenceServerException) as caught:
+        call(*args, **kwargs)
+    assert _code(caught.value) == code, caught.value.message()
+    return str(caught.value.message())
+
+
+def test_tokens(guarded_server: LiveServer) -> None:
+    _, tensor = _mlp_input(1)
+    with tg.InferenceServerClient(guarded_server.grpc_target) as client:
+        assert client.is_server_live() and client.is_server_ready()  # health needs no token
+        assert "API token" in _raises("StatusCode.UNAUTHENTICATED", client.infer, "mlp", [tensor])
+        _raises("StatusCode.PERMISSION_DENIED", client.infer, "mlp", [tensor], headers={"authorization": "Bearer no"})
+        assert client.infer("mlp", [tensor], headers=API).as_numpy("probs").shape == (1, 3)
+        assert client.infer("mlp", [tensor], headers=ADMIN).as_numpy("probs").shape == (1, 3)
+        assert "admin token" in _raises("StatusCode.UNAUTHENTICATED", client.get_model_repository_index)
+        _raises("StatusCode.PERMISSION_DENIED", client.get_model_repository_index, headers=API)
+        _raises("StatusCode.PERMISSION_DENIED", client.unload_model, "mlp", headers=API)
+
+
+def test_repository_index_unload_load(guarded_server: LiveServer) -> None:
+    with tg.InferenceServerClient(guarded_server.grpc_target) as client:
+        index = client.get_model_repository_index(headers=ADMIN)
+        assert {(m.name, m.version, m.state) for m in index.models} == {("mlp", "1", "READY"), ("slow", "1", "READY")}
+        client.unload_model("mlp", headers=ADMIN)
+        assert not client.is_model_ready("mlp", headers=API)
+        _, tensor = _mlp_input(1)
+        _raises("StatusCode.UNAVAILABLE", client.infer, "mlp", [tensor], headers=API)
+        client.load_model("mlp", headers=ADMIN, config='{"max_batch_size": 4}')
+        assert client.is_model_ready("mlp", headers=API)
+        assert client.get_model_config("mlp", headers=API).config.max_batch_size == 4
+        message = _raises("StatusCode.INVALID_ARGUMENT", client.load_model, "mlp", headers=ADMIN, config="[1]")
+        assert "must be a JSON object" in message
+        _raises("StatusCode.NOT_FOUND", client.unload_model, "nope", headers=ADMIN)
+        client.load_model("mlp", headers=ADMIN)
+
+
+def test_message_size_limit_and_deadlines(guarded_server: LiveServer) -> None:
+    with tg.InferenceServerClient(guarded_server.grpc_target) as client:
+        _, big = _mlp_input(30_000)  # 1.2 MB, over the 1 MB body limit
+        _raises("StatusCode.RESOURCE_EXHAUSTED", client.infer, "mlp", [big], headers=API)
+        message = _raises("StatusCode.RESOURCE_EXHAUSTED", client.infer, "slow", [_slow_input(300)], headers=API)
+        assert "over the message size limit of 1048576 bytes" in message  # 300 x 1024 floats answered: 1.2 MB
+        _raises("StatusCode.DEADLINE_EXCEEDED", client.infer, "slow", [_slow_input(SLOW_ROWS)], headers=API,
+                client_timeout=0.05)  # fmt: skip
+        message = _raises("StatusCode.DEADLINE_EXCEEDED", client.infer, "slow", [_slow_input(SLOW_ROWS)],
+                          headers=API, parameters={"timeout_ms": 1})  # fmt: skip
+        assert "timed out" in message
+
+
+def _statistics(client: tg.InferenceServerClient) -> tuple[int, int]:
+    stats = client.get_inference_statistics("slow", "1", headers=API).model_stats[0]
+    return stats.execution_count, stats.inference_count
+
+
+def test_cancelled_call_is_never_computed(guarded_server: LiveServer) -> None:
+    url = guarded_server.url
+
+    def batches() -> float:
+        return metric_sample(url, "layerserve_batch_size_count", REST_API, model="slow")
+
+    def queued() -> Any:
+        return httpx.get(f"{url}/v2/models/slow", headers=REST_API).json()["batching"]["queued"]
+
+    def computed() -> float:
+        return metric_sample(url, "layerserve_compute_seconds_count", REST_API, model="slow")
+
+    wait_until(lambda: computed() == batches(), "the slow model is idle (calls of earlier tests are done)")
+
+    def cancels_seen() -> float:
+        return metric_sample(url, "layerserve_requests_total", REST_API, route="grpc.ModelInfer", status="CANCELLED")
+
+    cancelled, seen = metric_sample(url, "layerserve_requests_cancelled_total", REST_API, model="slow"), cancels_seen()
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    top = [tg.InferRequestedOutput("d5", class_count=1)]  # a small answer from a big batch
+    with tg.InferenceServerClient(guarded_server.grpc_target) as client:
+        executions, rows = _statistics(client)
+        started = batches()
+        client.async_infer("slow", [_slow_input(SLOW_ROWS)], lambda result, error: answers.put((result, error)),
+                           outputs=top, headers=API)  # fmt: skip
+        wait_until(lambda: batches() > started, "the slow request is computed")
+        call = client.async_infer("slow", [_slow_input(1)], lambda result, error: answers.put((result, error)),
+                                  headers=API)  # fmt: skip
+        wait_until(lambda: queued() == 1, "the second request waits in the queue")
+        call.cancel()
+        wait_until(lambda: cancels_seen() > seen, "the server saw the cancel")
+        (slow, no_error), (nothing, error) = sorted((answers.get(timeout=120), answers.get(timeout=120)),
+                                                    key=lambda answer: answer[1] is not None)  # fmt: skip
+        assert no_error is None and nothing is None and error.status() == "StatusCode.CANCELLED"
+        assert slow.as_numpy("d5").shape == (SLOW_ROWS, 1)
+        assert _statistics(client) == (executions + 1, rows + SLOW_ROWS)  # the cancelled one never ran
+    assert metric_sample(url, "layerserve_requests_cancelled_total", REST_API, model="slow") == cancelled + 1
+    assert queued() == 0
+
+
+@pytest.fixture(scope="module")
+def demo_grpc_server(demo_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    settings = Settings(model_repository=demo_repository, engine_cache_dir=tmp_path_factory.mktemp("demo-grpc"))
+    live = start_server(settings, grpc=True)
+    yield live
+    live.stop()
+
+
+def test_encoded_images_as_bytes_equal_keras_and_rest(demo_grpc_server: LiveServer, demo_repository: Path) -> None:
+    import tritonclient.http as th
+
+    encoded = np.array([package_file("skimage", "data/chelsea.png").read_bytes()], dtype=object)
+    with tg.InferenceServerClient(demo_grpc_server.grpc_target) as client:
+        meta = client.get_model_metadata("efficientnet_lite0")
+        (name,), (output,) = [i.name for i in meta.inputs], [o.name for o in meta.outputs]
+        tensor = tg.InferInput(name, [1], "BYTES")
+        tensor.set_data_from_numpy(encoded)
+        scores = client.infer("efficientnet_lite0", [tensor]).as_numpy(output)
+        top = client.infer("efficientnet_lite0", [tensor], outputs=[tg.InferRequestedOutput(output, class_count=3)])
+    model = keras.saving.load_model(demo_repository / "efficientnet_lite0" / "1" / "model.keras")
+    np.testing.assert_allclose(scores, np.asarray(model(chelsea_batch())), atol=1e-3)
+    rest_input = th.InferInput(name, [1], "BYTES")
+    rest_input.set_data_from_numpy(encoded)
+    rest = th.InferenceServerClient(demo_grpc_server.host_port).infer("efficientnet_lite0", [rest_input])
+    np.testing.assert_array_equal(scores, rest.as_numpy(output))
+    best = top.as_numpy(output)[0][0].decode().split(":")
+    assert best[1:] == ["285", "Egyptian cat"]
+
+
+def test_two_workers_serve_grpc_on_one_port(repository: Path, tmp_path: Path) -> None:
+    port, grpc_port = free_port(), free_port()
+    process = start_server_process(repository, tmp_path / "cache", port, "--workers", "2", "--grpc-port",
+                                   str(grpc_port), "--engine", "keras")  # fmt: skip
+    try:
+        wait_process_ready(f"http://127.0.0.1:{port}", process, server_log(repository))
+        reference = load_reference(repository, "mlp", 2)
+        for seed in range(8):  # a new connection each time: the kernel spreads them over the workers
+            with tg.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+                assert client.is_server_ready()
+                x, tensor = _mlp_input(2, seed)
+                np.testing.assert_allclose(client.infer("mlp", [tensor]).as_numpy("probs"), reference(x), atol=1e-5)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)

@@ -30,12 +30,14 @@ _STREAM = "ModelStreamInfer"
 
 @dataclass(frozen=True)
 class ServingState:
-    """What the RPCs read: the registry, the reloader, the image decoder and the server's readiness."""
+    """What the RPCs read: the registry, the reloader, the image decoder, the server's readiness and the largest
+    message (request or answer) in bytes."""
 
     registry: ModelRegistry
     reloader: Reloader
     decoder: ImageDecoder
     is_ready: Callable[[], bool]
+    max_message_bytes: int
 
 
 def _timeout_ms(requested_ms: int | None, context: Context) -> int | None:
@@ -132,7 +134,13 @@ class InferenceServicer:
         requested = tuple(output.name for output in parsed.outputs)
         outputs = await version.predict(inputs, requested, _timeout_ms(parsed.timeout_ms, context), parsed.use_cache)
         return grpc_v2.encode_model_infer(
-            version.name, version.version, parsed, outputs, version.labels, version.classify_output
+            version.name,
+            version.version,
+            parsed,
+            outputs,
+            version.labels,
+            version.classify_output,
+            self._state.max_message_bytes,
         )
 
     async def ModelStreamInfer(  # noqa: N802

@@ -40,6 +40,7 @@ from layerserve.http import (
     v2_routes,
 )
 from layerserve.http.bodies import JSONResponse
+from layerserve.http.disconnect import CancelOnDisconnectMiddleware
 from layerserve.http.middleware import (
     AuthMiddleware,
     CompressMiddleware,
@@ -116,9 +117,11 @@ async def _sample_process_forever(every_s: float = 1.0, gpu_every: int = 5) -> N
 
 
 def _middleware(settings: Settings) -> list[Middleware]:
-    """Outermost first: metrics and access log, the boundary of unexpected errors, tokens, compression."""
+    """Outermost first: metrics and access log, cancelling requests whose client left, the boundary of unexpected
+    errors, tokens, compression."""
     middleware = [
         Middleware(ObserveMiddleware, log_requests=settings.access_log),
+        Middleware(CancelOnDisconnectMiddleware),
         Middleware(InternalErrorMiddleware),
     ]
     if settings.admin_token or settings.api_token:
@@ -140,7 +143,9 @@ async def _grpc_door(settings: Settings, app: Starlette) -> AsyncIterator[None]:
     def is_ready() -> bool:
         return state.registry.is_ready and not state.draining.is_set() and (board is None or board.is_ready())
 
-    door = GrpcDoor(settings, ServingState(state.registry, state.reloader, state.decoder, is_ready))
+    door = GrpcDoor(
+        settings, ServingState(state.registry, state.reloader, state.decoder, is_ready, settings.max_body_bytes)
+    )
     await door.start()
     try:
         yield

@@ -14,7 +14,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from layerserve.errors import BadRequestError
+from layerserve.errors import BadRequestError, PayloadTooLargeError
 from layerserve.layers import LayerGraph
 from layerserve.protocols import v2
 from layerserve.tensors import Array, check_batch_sizes, datatype_of, dtype_of, parse_shape
@@ -142,8 +142,13 @@ def encode_model_infer(
     outputs: dict[str, Array],
     labels: list[str] | None = None,
     labelled_output: str | None = None,
+    max_bytes: int | None = None,
 ) -> service_pb2.ModelInferResponse:
-    """A ModelInferResponse: every output in `raw_output_contents`, in the order of the requested outputs."""
+    """A ModelInferResponse: every output in `raw_output_contents`, in the order of the requested outputs.
+
+    Raises:
+        PayloadTooLargeError: the outputs hold more than `max_bytes` (the message size limit).
+    """
     response = service_pb2.ModelInferResponse(
         model_name=model_name, model_version=str(model_version), id=request.id or ""
     )
@@ -154,6 +159,12 @@ def encode_model_infer(
             v2.encode_bytes_elements(array)
             if datatype == "BYTES"
             else np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+        )
+    size = sum(len(raw) for raw in response.raw_output_contents)
+    if max_bytes is not None and size > max_bytes:
+        raise PayloadTooLargeError(
+            f"the answer holds {size} bytes of outputs, over the message size limit of {max_bytes} bytes "
+            "(max_body_bytes): ask for fewer rows or outputs"
         )
     return response
 
