@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 from layerserve.errors import LayerserveError
 from layerserve.grpc.calls import CallGuard, status_of
 from layerserve.settings import Settings
-from tests.conftest import ADMIN_TOKEN, API_TOKEN, SLOW_ROWS, load_reference
+from tests.conftest import ADMIN_TOKEN, API_TOKEN, SLOW_ROWS, _save, build_slow, load_reference
 from tests.live_server import (
     LiveServer,
     free_port,
@@ -389,3 +390,26 @@ def test_two_workers_serve_grpc_on_one_port(repository: Path, tmp_path: Path) ->
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+def test_sigterm_lets_a_grpc_call_in_flight_finish(tmp_path: Path) -> None:
+    _save(build_slow(), tmp_path / "repo" / "slow" / "1", "model.keras")
+    port, grpc_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_server_process(tmp_path / "repo", tmp_path / "cache", port, "--grpc-port", str(grpc_port))
+    try:
+        wait_process_ready(url, process, server_log(tmp_path / "repo"))
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        with tg.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+            started = metric_sample(url, "layerserve_batch_size_count", model="slow")
+            client.async_infer("slow", [_slow_input(SLOW_ROWS)], lambda result, error: answers.put((result, error)),
+                               outputs=[tg.InferRequestedOutput("d5", class_count=1)])  # fmt: skip
+            wait_until(lambda: metric_sample(url, "layerserve_batch_size_count", model="slow") > started,
+                       "the slow call is computed")  # fmt: skip
+            process.send_signal(signal.SIGTERM)
+            result, error = answers.get(timeout=120)
+        assert error is None and result.as_numpy("d5").shape == (SLOW_ROWS, 1)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
