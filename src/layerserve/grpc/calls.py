@@ -116,7 +116,6 @@ class CallGuard:
         """Run one call (or stream message), holding the versions it takes until it is answered, counted and
         logged; returns its answer, or None with the status code and message of our error (or of a bug)."""
         started, code, message = time.perf_counter(), grpc.StatusCode.OK, ""
-        where = {"method": "GRPC", "path": f"{SERVICE_PATH}/{method}"}
         SERVED_BY.set(None)
         held: list[ModelVersion] = []
         HELD_BY_REQUEST.set(held)
@@ -124,11 +123,12 @@ class CallGuard:
         try:
             return await call(), code, message
         except LayerserveError as error:
-            code, message = status_of(error, where)
+            code, message = status_of(error, {"method": "GRPC", "path": f"{SERVICE_PATH}/{method}"})
         except asyncio.CancelledError:  # the client cancelled, or its deadline passed: nobody to answer
             code = grpc.StatusCode.CANCELLED
             raise
         except Exception as error:  # the one boundary of unexpected errors of a gRPC call
+            where = {"method": "GRPC", "path": f"{SERVICE_PATH}/{method}"}
             code, message = grpc.StatusCode.INTERNAL, log_internal_error(where, error)
         finally:
             IN_FLIGHT.dec()

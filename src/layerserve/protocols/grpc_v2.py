@@ -42,7 +42,9 @@ class _Parameter(Protocol):
 
 def parameters_of(parameters: Mapping[str, _Parameter]) -> dict[str, Any]:
     """A protobuf parameter map (InferParameter or ModelRepositoryParameter values) as plain Python values."""
-    values = {}
+    values: dict[str, Any] = {}
+    if not parameters:  # the common case, on every tensor of every request
+        return values
     for key, parameter in parameters.items():
         choice = parameter.WhichOneof("parameter_choice")
         values[key] = None if choice is None else getattr(parameter, choice)
