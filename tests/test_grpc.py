@@ -184,6 +184,18 @@ def test_every_error_status_maps(caplog: pytest.LogCaptureFixture) -> None:
     assert len(logged) == 1 and logged[0].exc_info is not None
 
 
+def test_calls_are_written_to_the_access_log(caplog: pytest.LogCaptureFixture) -> None:
+    async def answer() -> str:
+        return "answer"
+
+    guard = CallGuard(None, None, log_requests=True)
+    with caplog.at_level(logging.INFO, "layerserve.access"):
+        assert asyncio.run(guard.attempt("ModelMetadata", answer)) == ("answer", grpc.StatusCode.OK, "")
+    (record,) = [r for r in caplog.records if r.name == "layerserve.access"]
+    assert record.getMessage().startswith("GRPC /inference.GRPCInferenceService/ModelMetadata route=grpc.ModelMetadata")
+    assert record.status == "OK" and record.route == "grpc.ModelMetadata"  # type: ignore[attr-defined]
+
+
 def test_stream_answers_every_request(server: LiveServer, repository: Path) -> None:
     results: queue.Queue[tuple[Any, Any]] = queue.Queue()
     reference = load_reference(repository, "mlp", 2)
@@ -373,6 +385,11 @@ def test_encoded_images_as_bytes_equal_keras_and_rest(demo_grpc_server: LiveServ
     np.testing.assert_array_equal(scores, rest.as_numpy(output))
     best = top.as_numpy(output)[0][0].decode().split(":")
     assert best[1:] == ["285", "Egyptian cat"]
+    corrupt = tg.InferInput(name, [1], "BYTES")
+    corrupt.set_data_from_numpy(np.array([b"\x89PNG not really"], dtype=object))
+    with tg.InferenceServerClient(demo_grpc_server.grpc_target) as client:
+        message = _raises("StatusCode.INVALID_ARGUMENT", client.infer, "efficientnet_lite0", [corrupt])  # a 422
+    assert "image" in message
 
 
 def test_two_workers_serve_grpc_on_one_port(repository: Path, tmp_path: Path) -> None:
