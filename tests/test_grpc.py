@@ -430,3 +430,21 @@ def test_sigterm_lets_a_grpc_call_in_flight_finish(tmp_path: Path) -> None:
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_single_worker_refuses_a_taken_grpc_port(tmp_path: Path) -> None:
+    import socket
+
+    from layerserve.grpc.server import GrpcDoor
+    from layerserve.grpc.servicer import ServingState
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = Settings(model_repository=tmp_path, grpc_port=taken.getsockname()[1])
+
+        async def start() -> None:
+            await GrpcDoor(settings, ServingState(None, None, None, lambda: True, 1024)).start()  # type: ignore[arg-type]
+
+        with pytest.raises(RuntimeError, match="Failed to bind"):
+            asyncio.run(start())

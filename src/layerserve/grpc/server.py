@@ -25,14 +25,15 @@ def _address(host: str, port: int) -> str:
 
 class GrpcDoor:
     """The gRPC server on `grpc_port`. Several workers bind the same port (SO_REUSEPORT, grpc's default on
-    Linux, set here explicitly) and the kernel spreads connections across them."""
+    Linux) and the kernel spreads connections across them; a single worker binds it alone (SO_REUSEPORT
+    off), so that a second server started on the same port fails to start instead of sharing it."""
 
     def __init__(self, settings: Settings, state: ServingState) -> None:
         self._settings = settings
         self._state = state
         self._server = grpc.aio.server(
             options=[
-                ("grpc.so_reuseport", 1),
+                ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
                 ("grpc.max_receive_message_length", settings.max_body_bytes),
                 ("grpc.max_send_message_length", settings.max_body_bytes),
             ]
@@ -51,7 +52,7 @@ class GrpcDoor:
         """Listen on `host:grpc_port`; the health service says SERVING once the models have settled.
 
         Raises:
-            RuntimeError: the port cannot be bound.
+            RuntimeError: the port cannot be bound (the app then fails to start).
         """
         address = _address(self._settings.host, self._settings.grpc_port)
         self._server.add_insecure_port(address)
