@@ -20,6 +20,7 @@ from tests.models import (
     build_multi,
     build_nested,
     build_sequential,
+    build_slow,
     save_model,
 )
 
@@ -55,8 +56,8 @@ def settings(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Sett
 
 @pytest.fixture(scope="session")
 def server(settings: Settings) -> Iterator[LiveServer]:
-    """A real server on 127.0.0.1 over the test repository, ready."""
-    live = start_server(settings)
+    """A real server on 127.0.0.1 over the test repository, ready; its gRPC door on a port of its own."""
+    live = start_server(settings, grpc=True)
     yield live
     live.stop()
 
@@ -81,3 +82,24 @@ def rng() -> np.random.Generator:
 def anyio_backend() -> str:
     """Async tests run on asyncio (anyio's pytest plugin)."""
     return "asyncio"
+
+
+ADMIN_TOKEN, API_TOKEN = "admin-secret", "api-secret"
+SLOW_ROWS = 4000  # rows of a request that keeps the slow model busy for a while (seconds on a CPU)
+
+
+@pytest.fixture(scope="session")
+def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server with admin and API tokens, a 1 MB body limit, its gRPC door, over `mlp` and `slow` (one
+    request per model call, so that a second request waits in the queue while the first is computed)."""
+    repo = tmp_path_factory.mktemp("guarded")
+    save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
+    save_model(build_slow(), repo / "slow" / "1", "model.keras")
+    (repo / "slow" / "config.yaml").write_text("max_batch_size: 1\n")
+    settings = Settings(
+        model_repository=repo, engine_cache_dir=tmp_path_factory.mktemp("guarded-cache"), admin_token=ADMIN_TOKEN,
+        api_token=API_TOKEN, max_body_bytes=1024 * 1024, reload_interval_s=0,
+    )  # fmt: skip
+    live = start_server(settings, grpc=True)
+    yield live
+    live.stop()

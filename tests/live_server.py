@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,13 @@ class LiveServer:
     url: str
     server: uvicorn.Server
     thread: threading.Thread
+    grpc_port: int = 0
+
+    @property
+    def grpc_target(self) -> str:
+        """`127.0.0.1:GRPC_PORT`, the gRPC door (started by the app's lifespan when `grpc=True`)."""
+        assert self.grpc_port, "this server was started without its gRPC door (start_server(..., grpc=True))"
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def host_port(self) -> str:
@@ -45,14 +53,18 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
-def start_server(settings: Settings, ready_timeout_s: float = 180) -> LiveServer:
-    """Start uvicorn with create_app(Runtime(settings)) and return once /v2/health/ready answers 200."""
-    port = free_port()
-    config = uvicorn.Config(create_app(Runtime(settings)), host="127.0.0.1", port=port, log_level="warning")
+def start_server(settings: Settings, ready_timeout_s: float = 180, grpc: bool = False) -> LiveServer:
+    """Start uvicorn with create_app(Runtime(settings)) and return once /v2/health/ready answers 200.
+
+    With `grpc`, the app's gRPC door listens on a free port too; without, it is off (never the default 8001).
+    """
+    port, grpc_port = free_port(), free_port() if grpc else 0
+    app = create_app(Runtime(settings.model_copy(update={"grpc_port": grpc_port})))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
-    live = LiveServer(f"http://127.0.0.1:{port}", server, thread)
+    live = LiveServer(f"http://127.0.0.1:{port}", server, thread, grpc_port)
     deadline = time.monotonic() + ready_timeout_s
     # A bounded wait on the real readiness endpoint: the server is a black box from here.
     while time.monotonic() < deadline:
@@ -67,8 +79,9 @@ def start_server(settings: Settings, ready_timeout_s: float = 180) -> LiveServer
 
 
 def start_server_process(repository: Path, cache: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
-    """`layerserve serve` in a subprocess, logging to `server.log` beside the repository."""
-    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
+    """`layerserve serve` in a subprocess, logging to `server.log` beside the repository (gRPC off unless `flags`
+    give a `--grpc-port`)."""
+    command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port), "--grpc-port", "0"]
     command += ["--engine-cache-dir", str(cache), "--log-level", "warning", "--log-file", str(server_log(repository))]
     return subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -92,3 +105,21 @@ def wait_process_ready(url: str, process: subprocess.Popen[bytes], log: Path, ti
             pass
         time.sleep(0.2)
     raise AssertionError("the server did not become ready")
+
+
+def metric_sample(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
+    """The value of one sample of the server's /metrics (the sum of the samples with these labels; 0 if none)."""
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+    """Poll a server state (a black box from here) until `check` holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)

@@ -95,3 +95,13 @@ def load_reference(repository: Path, model: str, version: int) -> Any:
         if (folder / name).exists():
             return keras.saving.load_model(folder / name, compile=False)
     raise FileNotFoundError(folder)
+
+
+def build_slow() -> Any:
+    """16 floats -> six 1024-wide layers: SLOW_ROWS rows take a while on a CPU, from a small body."""
+    keras.utils.set_random_seed(13)
+    x = keras.Input((16,), name="x")
+    h = x
+    for i in range(6):
+        h = keras.layers.Dense(1024, activation="tanh", name=f"d{i}")(h)
+    return keras.Model(x, h, name="slow")

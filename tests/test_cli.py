@@ -49,7 +49,7 @@ def test_bad_setting_is_named(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_serve_end_to_end(repository: Path, tmp_path: Path) -> None:
     port = free_port()
-    command = [*LAYERSERVE, "serve", str(repository), "--port", str(port)]
+    command = [*LAYERSERVE, "serve", str(repository), "--port", str(port), "--grpc-port", "0"]
     command += ["--engine-cache-dir", str(tmp_path), "--engine", "keras"]
     log = tmp_path / "server.log"
     with log.open("wb") as output:

@@ -123,6 +123,7 @@ def _bench(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache, text=args.text,
         in_process=args.in_process,
         bare=args.bare, client_processes=args.client_processes, output=args.output, plot=args.plot,
+        protocol=args.protocol, grpc_port=args.grpc_port,
     )  # fmt: skip
     print_report(run_bench(options))
     return 0
@@ -215,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--client-processes", type=int, default=1, help="processes generating load")
     bench.add_argument("--output", type=Path, default=None, help="write the report as JSON")
     bench.add_argument("--plot", type=Path, default=None, help="write throughput and p99 vs concurrency as PNG")
+    bench.add_argument("--protocol", choices=["http", "grpc"], default="http",
+                       help="REST (binary tensors), or the gRPC door (tritonclient's stubs, grpc.aio)")  # fmt: skip
+    bench.add_argument("--grpc-port", type=int, default=8001, help="the gRPC port of the server at URL's host")
     bench.set_defaults(run=_bench)
 
     train = commands.add_parser("train", help="train a text classifier version without a server")

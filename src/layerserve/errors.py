@@ -69,3 +69,15 @@ class EngineProcessError(LayerserveError):
     """The process that runs a version's engine is gone; the version is FAILED until loaded again (503)."""
 
     status_code = 503
+
+
+class UnauthenticatedError(LayerserveError):
+    """The call needs a bearer token and sent none (401; gRPC UNAUTHENTICATED)."""
+
+    status_code = 401
+
+
+class PermissionDeniedError(LayerserveError):
+    """The bearer token is not one this call accepts (403; gRPC PERMISSION_DENIED)."""
+
+    status_code = 403

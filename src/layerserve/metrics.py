@@ -29,6 +29,11 @@ BATCH_ISOLATIONS = Counter(
     "Batched calls that failed and were split and run again so that only the failing requests got the error.",
     _LABELS,
 )
+REQUESTS_CANCELLED = Counter(
+    "layerserve_requests_cancelled",
+    "Requests dropped from their queue, never computed, because the client went away (HTTP disconnect, gRPC cancel).",
+    _LABELS,
+)
 
 _CACHE_LABELS = ("model", "backend")
 CACHE_HITS = Counter("layerserve_cache_hits", "Output rows served from the feature cache.", _CACHE_LABELS)

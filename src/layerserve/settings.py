@@ -30,6 +30,9 @@ class Settings(BaseModel):
     )
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 for every interface).")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="TCP port of the gRPC (V2, Triton-compatible) service, on `host` (0: off)."
+    )
     reload_interval_s: float = Field(
         2.0, ge=0, description="Seconds between polls of the repository for new, changed or removed versions (0: off)."
     )

@@ -1,4 +1,4 @@
-"""`layerserve bench`: a closed-loop HTTP load generator with an in-process ceiling and a bare baseline."""
+"""`layerserve bench`: a closed-loop HTTP (or gRPC) load generator with an in-process ceiling and a bare baseline."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import orjson
 
+from layerserve.bench.grpc_client import MODEL_INFER, build_grpc_request, grpc_client_process
 from layerserve.engines.base import probe_batch
 from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.errors import BadRequestError
@@ -35,6 +36,7 @@ class Workload:
     body: bytes
     headers: dict[str, str]
     rows: int
+    grpc_port: int = 0  # not 0: `body` is an encoded ModelInferRequest for the gRPC door on this port
 
     def raw_request(self, host: str) -> bytes:
         """The whole HTTP/1.1 request, encoded once."""
@@ -116,6 +118,17 @@ def build_workload(
     return Workload(kind, path, header + b"".join(a.tobytes() for a in batch), headers, rows)
 
 
+def grpc_workload(options: BenchOptions, http: Workload) -> Workload:
+    """The gRPC form of a workload: the same tensors, image or texts as one encoded ModelInferRequest."""
+    meta = _get_json(f"{options.url}/v2/models/{options.model}")
+    specs = tuple(TensorSpec(i["name"], i["datatype"], tuple(i["shape"])) for i in meta["inputs"])
+    request = build_grpc_request(
+        specs, options.model, options.workload, options.rows, options.image, options.outputs, options.use_cache,
+        options.text,
+    )  # fmt: skip
+    return Workload(http.kind, MODEL_INFER, request, {}, http.rows, options.grpc_port)
+
+
 async def _read_response(reader: asyncio.StreamReader) -> int:
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
@@ -178,13 +191,14 @@ def run_step(url: str, workload: Workload, concurrency: int, seconds: float, poo
     """Drive the server with `concurrency` closed-loop connections, spread over the pool's processes."""
     address = urlsplit(url)
     host, port = address.hostname or "127.0.0.1", address.port or 80
-    request = workload.raw_request(f"{host}:{port}")
+    request = workload.body if workload.grpc_port else workload.raw_request(f"{host}:{port}")
+    port, client = (workload.grpc_port, grpc_client_process) if workload.grpc_port else (port, _client_process)
     processes = max(1, min(pool._processes, concurrency))  # type: ignore[attr-defined]  # Pool's size
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     before = _process_metrics(url)
     started = time.perf_counter()
     jobs = [(host, port, request, n, seconds) for n in shares]
-    per_process = pool.map(_client_process, jobs)
+    per_process = pool.map(client, jobs)
     elapsed = time.perf_counter() - started
     samples = [sample for part, _ in per_process for sample in part]
     after = _process_metrics(url)
@@ -268,6 +282,8 @@ class BenchOptions:
     client_processes: int = 1
     output: Path | None = None
     plot: Path | None = None
+    protocol: str = "http"
+    grpc_port: int = 8001
 
 
 def _warm_up(_: int) -> None:
@@ -297,6 +313,8 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         options.url, options.model, options.workload, options.rows, options.image, options.outputs,
         options.use_cache, options.text,
     )  # fmt: skip
+    if options.protocol == "grpc":
+        workload = grpc_workload(options, workload)
     report: dict[str, Any] = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}}
     if options.in_process is not None:
         rates = in_process_ceiling(options.in_process, options.model, workload, list(options.batch_sizes), 3.0)

@@ -134,6 +134,7 @@ def _write_record(cache_file: Path, data: dict[str, Any]) -> None:
 
 # --- In the child process -------------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=1)  # the child's last model, kept for its cuts
 def _model_and_graph(source: ModelSource) -> tuple[Any, LayerGraph]:
     model = source.load()

@@ -17,6 +17,7 @@ from layerserve.features.labels import top_k
 from layerserve.serving.layers import LayerGraph
 from layerserve.tensors import (
     Array,
+    TensorSpec,
     array_from_json,
     check_against_spec,
     check_batch_sizes,
@@ -49,6 +50,19 @@ class InferRequest:
     binary_output: bool
     timeout_ms: int | None = None
     use_cache: bool = True
+
+
+def parse_version_number(raw: str | None) -> int | None:
+    """A version given as text (a path's `{version}`, a gRPC `model_version`): None if absent or empty.
+
+    Raises:
+        BadRequestError: the version is not a positive integer.
+    """
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise BadRequestError(f"version must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -105,6 +119,15 @@ def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
     parameters = item.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise BadRequestError(f"{what}: parameters must be an object")
+    return check_parameters(parameters, what)
+
+
+def check_parameters(parameters: dict[str, Any], what: str) -> dict[str, Any]:
+    """The parameters of a request, an input or an output, refused where they name shared memory.
+
+    Raises:
+        BadRequestError: a shared-memory parameter.
+    """
     if "shared_memory_region" in parameters:
         raise BadRequestError(
             f"{what}: shared memory (shared_memory_region) is not supported by layerserve; "
@@ -132,7 +155,12 @@ def _decode_bytes_elements(raw: bytes, count: int, what: str) -> Array:
     return array
 
 
-def _decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) -> Array:
+def decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) -> Array:
+    """One tensor's binary data (little-endian values, or length-prefixed BYTES elements) as an array.
+
+    Raises:
+        BadRequestError: the data does not hold the shape's elements.
+    """
     count = int(np.prod(shape))
     dtype = dtype_of(datatype, what)
     if datatype == "BYTES":
@@ -152,27 +180,42 @@ def _decode_input(
         raise BadRequestError("each entry of 'inputs' must be an object with a string 'name'")
     name = item["name"]
     what = f"input '{name}'"
-    spec = graph.spec(name, "input")
     parameters = _parameters(item, what)
     shape = parse_shape(item.get("shape"), what)
     datatype = item.get("datatype")
     dtype = dtype_of(datatype, what)
-    if name == encoded_input and datatype == "BYTES":
-        if len(shape) not in (1, 2) or shape[0] < 1 or math.prod(shape) != shape[0]:
-            raise BadRequestError(f"{what}: encoded images need shape [N] or [N, 1], got {list(shape)}")
-    else:
-        check_against_spec(spec, str(datatype), shape)
+    spec = check_input(name, str(datatype), shape, graph, encoded_input)
     size = parameters.get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0 or offset + size > len(binary):
             raise BadRequestError(f"{what}: binary_data_size {size!r} runs past the binary data")
-        return name, _decode_binary(binary[offset : offset + size], str(datatype), shape, what), offset + size
+        return name, decode_binary(binary[offset : offset + size], str(datatype), shape, what), offset + size
     if "data" not in item:
         raise BadRequestError(f"{what}: needs 'data' or a binary_data_size parameter")
     array = reshape_checked(array_from_json(item["data"], dtype, what), shape, what)
     if name == encoded_input and datatype == "BYTES" and spec.datatype != "INT32":
         array = _base64_elements(array, what)  # images; texts (INT32 token inputs) come as plain strings
     return name, array, offset
+
+
+def check_input(
+    name: str, datatype: str, shape: tuple[int, ...], graph: LayerGraph, encoded_input: str | None
+) -> TensorSpec:
+    """Check one named input (a model input or a cut layer) against the version's graph; returns its spec.
+
+    `encoded_input` (an image or text model's input) may also come as BYTES of shape [N] or [N, 1].
+
+    Raises:
+        BadRequestError: no input or layer of that name, or the datatype or shape does not fit.
+    """
+    what = f"input '{name}'"
+    spec = graph.spec(name, "input")
+    if name == encoded_input and datatype == "BYTES":
+        if len(shape) not in (1, 2) or shape[0] < 1 or math.prod(shape) != shape[0]:
+            raise BadRequestError(f"{what}: encoded images need shape [N] or [N, 1], got {list(shape)}")
+    else:
+        check_against_spec(spec, datatype, shape)
+    return spec
 
 
 def _base64_elements(array: Array, what: str) -> Array:
@@ -195,17 +238,30 @@ def _requested_outputs(raw: Any, graph: LayerGraph) -> tuple[RequestedOutput, ..
     for item in raw:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise BadRequestError("each entry of 'outputs' must be an object with a string 'name'")
-        graph.spec(item["name"], "output")
-        parameters = _parameters(item, f"output '{item['name']}'")
-        binary = parameters.get("binary_data")
-        classes = parameters.get("classification")
-        if classes is not None and (type(classes) is not int or classes < 1):
-            raise BadRequestError(f"output '{item['name']}': classification must be a positive integer")
-        requested.append(RequestedOutput(item["name"], None if binary is None else bool(binary), classes))
+        requested.append(requested_output(item["name"], _parameters(item, f"output '{item['name']}'"), graph))
+    check_unique_outputs(requested)
+    return tuple(requested)
+
+
+def requested_output(name: str, parameters: dict[str, Any], graph: LayerGraph) -> RequestedOutput:
+    """One requested output (a model output or any layer) with its binary_data and classification parameters.
+
+    Raises:
+        BadRequestError: no output or layer of that name, or classification is not a positive integer.
+    """
+    graph.spec(name, "output")
+    binary = parameters.get("binary_data")
+    classes = parameters.get("classification")
+    if classes is not None and (type(classes) is not int or classes < 1):
+        raise BadRequestError(f"output '{name}': classification must be a positive integer")
+    return RequestedOutput(name, None if binary is None else bool(binary), classes)
+
+
+def check_unique_outputs(requested: list[RequestedOutput]) -> None:
+    """Raises BadRequestError when an output is requested twice."""
     names = [output.name for output in requested]
     if len(set(names)) != len(names):
         raise BadRequestError(f"output names must be unique, got {names}")
-    return tuple(requested)
 
 
 def parse_infer_request(
@@ -240,12 +296,17 @@ def parse_infer_request(
         inputs=inputs,
         outputs=_requested_outputs(request.get("outputs"), graph),
         binary_output=bool(parameters.get("binary_data_output", False)),
-        timeout_ms=_timeout_ms(parameters),
+        timeout_ms=timeout_ms_parameter(parameters),
         use_cache=parameters.get("cache", True) is not False,
     )
 
 
-def _timeout_ms(parameters: dict[str, Any]) -> int | None:
+def timeout_ms_parameter(parameters: dict[str, Any]) -> int | None:
+    """The request parameter `timeout_ms`, if given.
+
+    Raises:
+        BadRequestError: not a positive integer.
+    """
     timeout = parameters.get("timeout_ms")
     if timeout is not None and (type(timeout) is not int or timeout < 1):
         raise BadRequestError(f"parameter timeout_ms must be a positive integer (milliseconds), got {timeout!r}")
@@ -265,7 +326,8 @@ def check_model_inputs(inputs: dict[str, Array], graph: LayerGraph) -> None:
             raise BadRequestError(f"missing input(s): {', '.join(missing)}")
 
 
-def _encode_bytes_elements(array: Array) -> bytes:
+def encode_bytes_elements(array: Array) -> bytes:
+    """BYTES elements as binary data: each a 4-byte little-endian length and its bytes."""
     parts = []
     for element in array.reshape(-1):
         raw = element if isinstance(element, bytes) else str(element).encode("utf-8")
@@ -292,6 +354,22 @@ def classification_strings(scores: Array, labels: list[str] | None, k: int) -> A
     return strings
 
 
+def response_arrays(
+    request: InferRequest, outputs: dict[str, Array], labels: list[str] | None, labelled_output: str | None
+) -> list[tuple[RequestedOutput, Array]]:
+    """The arrays to answer, in the order of the requested outputs (all outputs if none was named), each
+    requested classification made into its BYTES tensor."""
+    requested = request.outputs or tuple(RequestedOutput(name, None) for name in outputs)
+    answer = []
+    for wanted in requested:
+        array = outputs[wanted.name]
+        if wanted.classification is not None:
+            own_labels = labels if wanted.name == labelled_output else None
+            array = classification_strings(array, own_labels, wanted.classification)
+        answer.append((wanted, array))
+    return answer
+
+
 def encode_infer_response(
     model_name: str,
     model_version: int,
@@ -305,13 +383,8 @@ def encode_infer_response(
     `labels` name the classes of `labelled_output` only (the model's classify output): the classification of
     any other output or layer is Triton's plain `score:index`.
     """
-    requested = request.outputs or tuple(RequestedOutput(name, None) for name in outputs)
     entries, tails = [], []
-    for wanted in requested:
-        array = outputs[wanted.name]
-        if wanted.classification is not None:
-            own_labels = labels if wanted.name == labelled_output else None
-            array = classification_strings(array, own_labels, wanted.classification)
+    for wanted, array in response_arrays(request, outputs, labels, labelled_output):
         entry: dict[str, Any] = {
             "name": wanted.name,
             "datatype": datatype_of(array.dtype),
@@ -319,7 +392,7 @@ def encode_infer_response(
         }
         if request.binary_output if wanted.binary is None else wanted.binary:
             raw = (
-                _encode_bytes_elements(array)
+                encode_bytes_elements(array)
                 if entry["datatype"] == "BYTES"
                 else np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
             )

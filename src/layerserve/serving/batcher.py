@@ -69,6 +69,7 @@ class Batcher:
         self._queue_metric = metrics.QUEUE_SECONDS.labels(*labels)
         self._compute_metric = metrics.COMPUTE_SECONDS.labels(*labels)
         self._isolations_metric = metrics.BATCH_ISOLATIONS.labels(*labels)
+        self._cancelled_metric = metrics.REQUESTS_CANCELLED.labels(*labels)
         self._queue: deque[_Pending] = deque()
         self._rows = 0
         self._full = asyncio.Event()
@@ -130,7 +131,9 @@ class Batcher:
         rows = 0
         while self._queue:
             head = self._queue[0]
-            if head.future.done():  # its deadline passed: never computed
+            if head.future.done():  # its deadline passed, or its caller went away: never computed
+                if head.future.cancelled():
+                    self._cancelled_metric.inc()
                 self._pop()
                 continue
             if batch and rows + head.rows > self._max_batch_size:

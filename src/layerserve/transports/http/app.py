@@ -23,6 +23,8 @@ from layerserve.lifecycle.worker_board import FOLDER_VARIABLE, WorkerBoard
 from layerserve.logs import configure_logging
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
+from layerserve.transports.grpc.server import GrpcDoor
+from layerserve.transports.grpc.servicer import ServingState
 from layerserve.transports.http import (
     image_routes,
     job_routes,
@@ -35,6 +37,7 @@ from layerserve.transports.http import (
     v2_routes,
 )
 from layerserve.transports.http.bodies import JSONResponse
+from layerserve.transports.http.disconnect import CancelOnDisconnectMiddleware
 from layerserve.transports.http.middleware import (
     AuthMiddleware,
     CompressMiddleware,
@@ -83,9 +86,11 @@ def _turn_unready_on_sigterm(draining: threading.Event) -> None:
 
 
 def _middleware(settings: Settings) -> list[Middleware]:
-    """Outermost first: metrics and access log, the boundary of unexpected errors, tokens, compression."""
+    """Outermost first: metrics and access log, cancelling requests whose client left, the boundary of unexpected
+    errors, tokens, compression."""
     middleware = [
         Middleware(ObserveMiddleware, log_requests=settings.access_log),
+        Middleware(CancelOnDisconnectMiddleware),
         Middleware(InternalErrorMiddleware),
     ]
     if settings.admin_token or settings.api_token:
@@ -93,6 +98,25 @@ def _middleware(settings: Settings) -> list[Middleware]:
     if settings.compress_min_bytes:
         middleware.append(Middleware(CompressMiddleware, minimum_size=settings.compress_min_bytes, compresslevel=1))
     return middleware
+
+
+@asynccontextmanager
+async def _grpc_door(runtime: Runtime) -> AsyncIterator[None]:
+    """The gRPC door over the same runtime while the app serves (off when `grpc_port` is 0); it stops with a
+    grace of `shutdown_timeout_s` for the calls in flight."""
+    settings = runtime.settings
+    if not settings.grpc_port:
+        yield
+        return
+    state = ServingState(
+        runtime.registry, runtime.reloader, runtime.decoder, lambda: runtime.is_ready, settings.max_body_bytes
+    )
+    door = GrpcDoor(settings, state)
+    await door.start()
+    try:
+        yield
+    finally:
+        await door.stop(settings.shutdown_timeout_s)
 
 
 def app_from_environment() -> Starlette:
@@ -117,7 +141,8 @@ def create_app(runtime: Runtime) -> Starlette:
         _turn_unready_on_sigterm(runtime.draining)
         await runtime.start()
         try:
-            yield
+            async with _grpc_door(runtime):
+                yield
         finally:
             await runtime.close()
 

@@ -26,14 +26,20 @@ def _registry(request: Request) -> ModelRegistry:
     return registry
 
 
-def _versions(request: Request) -> list[ModelVersion]:
-    """The versions a stats request names: one, every ready version of a model, or of every model."""
-    registry, name = _registry(request), request.path_params.get("model")
-    number = parse_version(request)
+def statistics_versions(registry: ModelRegistry, name: str | None, number: int | None) -> list[ModelVersion]:
+    """The versions a stats request names: one, every ready version of a model, or of every model.
+
+    Raises:
+        NotFoundError: unknown model or version.
+    """
     if name is not None and number is not None:
         return [registry.find(name, number)]
     entries = [registry.entry(name)] if name is not None else [e for _, e in sorted(registry.models.items())]
     return [entry.versions[v] for entry in entries for v in entry.ready_versions]
+
+
+def _versions(request: Request) -> list[ModelVersion]:
+    return statistics_versions(_registry(request), request.path_params.get("model"), parse_version(request))
 
 
 async def statistics(request: Request) -> Response:

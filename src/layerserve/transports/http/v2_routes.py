@@ -7,7 +7,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from layerserve import __version__
-from layerserve.errors import BadRequestError
 from layerserve.protocols import v2
 from layerserve.serving.registry import ModelEntry, ModelRegistry, ModelVersion
 from layerserve.transports.http.bodies import JSONResponse, read_body
@@ -35,11 +34,7 @@ def parse_version(request: Request) -> int | None:
         BadRequestError: the version is not a positive integer.
     """
     raw = request.path_params.get("version")
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
-        raise BadRequestError(f"version must be a positive integer, got {raw!r}")
-    return int(raw)
+    return None if raw is None else v2.parse_version_number(raw)
 
 
 async def server_metadata(request: Request) -> Response:

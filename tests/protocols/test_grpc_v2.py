@@ -1,0 +1,121 @@
+"""Triton's gRPC messages <-> arrays: raw and typed contents, BYTES, parameters, and the REST door's checks."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from layerserve.errors import BadRequestError, PayloadTooLargeError
+from layerserve.lifecycle.model import Signature
+from layerserve.protocols import grpc_v2
+from layerserve.serving.layers import LayerGraph
+from layerserve.tensors import TensorSpec
+
+GRAPH = LayerGraph(
+    Signature(
+        (TensorSpec("a", "INT8", (-1, 2)), TensorSpec("b", "FP32", (-1, 2))),
+        (TensorSpec("out", "FP32", (-1, 3)),),
+    )
+)
+TEXTS = LayerGraph(Signature((TensorSpec("tokens", "INT32", (-1, 4)),), (TensorSpec("out", "FP32", (-1, 2)),)))
+
+
+def _request(**fields: object) -> service_pb2.ModelInferRequest:
+    return service_pb2.ModelInferRequest(model_name="m", **fields)  # type: ignore[arg-type]
+
+
+def test_raw_and_typed_contents_decode_to_the_same_arrays() -> None:
+    a, b = np.array([[1, -2], [3, 4]], np.int8), np.array([[0.5, 1.5], [2.5, 3.5]], np.float32)
+    raw = _request(raw_input_contents=[a.tobytes(), b.tobytes()])
+    raw.inputs.add(name="a", datatype="INT8", shape=[2, 2])
+    raw.inputs.add(name="b", datatype="FP32", shape=[2, 2])
+    typed = _request(id="r")
+    typed.inputs.add(name="a", datatype="INT8", shape=[2, 2]).contents.int_contents.extend(a.ravel().tolist())
+    typed.inputs.add(name="b", datatype="FP32", shape=[2, 2]).contents.fp32_contents.extend(b.ravel().tolist())
+    for request in (raw, typed):
+        parsed = grpc_v2.parse_model_infer(request, GRAPH, None)
+        np.testing.assert_array_equal(parsed.inputs["a"], a)
+        np.testing.assert_array_equal(parsed.inputs["b"], b)
+        assert parsed.inputs["a"].dtype == np.int8 and parsed.inputs["b"].dtype == np.float32
+    assert grpc_v2.parse_model_infer(typed, GRAPH, None).id == "r"
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda r: r.inputs.add(name="a", datatype="INT8", shape=[1, 2]).contents.int_contents.extend([1, 300]),
+            "out of the range of INT8",
+        ),
+        (
+            lambda r: r.inputs.add(name="a", datatype="INT8", shape=[1, 2]).contents.int_contents.extend([1]),
+            "holds 1 elements, shape [1, 2] has 2",
+        ),
+        (lambda r: r.inputs.add(name="a", datatype="FP32", shape=[1, 2]), "expected datatype INT8, got FP32"),
+        (lambda r: r.inputs.add(name="a", datatype="INT8", shape=[1, 3]), "expected shape [-1, 2], got [1, 3]"),
+        (lambda r: r.inputs.add(name="zz", datatype="INT8", shape=[1, 2]), "unknown input 'zz'"),
+        (lambda r: r.inputs.add(name="a", datatype="NOPE", shape=[1, 2]), "unknown datatype 'NOPE'"),
+        (
+            lambda r: r.inputs.add(name="b", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1, 2]),
+            "missing input(s): a",
+        ),
+    ],
+)
+def test_bad_inputs_get_the_rest_door_s_messages(build: object, message: str) -> None:
+    request = _request()
+    build(request)  # type: ignore[operator]
+    with pytest.raises(BadRequestError, match=re.escape(message)):
+        grpc_v2.parse_model_infer(request, GRAPH, None)
+
+
+def test_raw_contents_must_cover_every_input_and_match_sizes() -> None:
+    request = _request(raw_input_contents=[b"\x00\x01"])
+    request.inputs.add(name="a", datatype="INT8", shape=[1, 2])
+    request.inputs.add(name="b", datatype="FP32", shape=[1, 2])
+    with pytest.raises(BadRequestError, match="raw_input_contents holds 1 tensors for 2 inputs"):
+        grpc_v2.parse_model_infer(request, GRAPH, None)
+    short = _request(raw_input_contents=[b"\x00"])
+    short.inputs.add(name="a", datatype="INT8", shape=[1, 2])
+    with pytest.raises(BadRequestError, match="does not match shape"):
+        grpc_v2.parse_model_infer(short, GRAPH, None)
+
+
+def test_bytes_texts_parameters_and_outputs() -> None:
+    texts = [b"hello", "h\u00e9".encode()]
+    request = _request(raw_input_contents=[b"".join(len(t).to_bytes(4, "little") + t for t in texts)])
+    request.inputs.add(name="tokens", datatype="BYTES", shape=[2])
+    request.outputs.add(name="out").parameters["classification"].int64_param = 1
+    request.parameters["timeout"].int64_param = 2_500_000  # Triton's microseconds
+    request.parameters["cache"].bool_param = False
+    parsed = grpc_v2.parse_model_infer(request, TEXTS, "tokens")
+    assert list(parsed.inputs["tokens"]) == texts
+    assert parsed.timeout_ms == 2500 and parsed.use_cache is False
+    assert parsed.outputs[0].name == "out" and parsed.outputs[0].classification == 1
+    request.parameters["timeout_ms"].int64_param = 40
+    assert grpc_v2.parse_model_infer(request, TEXTS, "tokens").timeout_ms == 40
+    request.inputs[0].parameters["shared_memory_region"].string_param = "r"
+    with pytest.raises(BadRequestError, match="shared memory"):
+        grpc_v2.parse_model_infer(request, TEXTS, "tokens")
+
+
+def test_answers_in_requested_order_with_classification_and_a_size_limit() -> None:
+    request = _request(raw_input_contents=[np.zeros((1, 2), np.int8).tobytes(), np.zeros((1, 2), "<f4").tobytes()])
+    request.inputs.add(name="a", datatype="INT8", shape=[1, 2])
+    request.inputs.add(name="b", datatype="FP32", shape=[1, 2])
+    request.outputs.add(name="b")
+    request.outputs.add(name="out").parameters["classification"].int64_param = 2
+    parsed = grpc_v2.parse_model_infer(request, GRAPH, None)
+    scores = np.array([[0.1, 0.7, 0.2]], np.float32)
+    outputs = {"out": scores, "b": np.array([[1.0, 2.0]], np.float32)}
+    answer = grpc_v2.encode_model_infer("m", 3, parsed, outputs, ["x", "y", "z"], "out")
+    assert answer.model_version == "3" and [o.name for o in answer.outputs] == ["b", "out"]
+    assert [o.datatype for o in answer.outputs] == ["FP32", "BYTES"] and list(answer.outputs[1].shape) == [1, 2]
+    np.testing.assert_array_equal(np.frombuffer(answer.raw_output_contents[0], "<f4"), [1.0, 2.0])
+    first = answer.raw_output_contents[1]
+    size = int.from_bytes(first[:4], "little")
+    assert first[4 : 4 + size].decode() == "0.700000:1:y"
+    with pytest.raises(PayloadTooLargeError, match="over the message size limit of 8 bytes"):
+        grpc_v2.encode_model_infer("m", 3, parsed, outputs, None, None, max_bytes=8)
