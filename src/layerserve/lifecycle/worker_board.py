@@ -11,7 +11,10 @@ log = logging.getLogger(__name__)
 FOLDER_VARIABLE = "LAYERSERVE_WORKER_BOARD"  # the board's folder, set by `serve --workers N` for its workers
 
 
-def _is_alive(pid: int) -> bool:
+def is_process_alive(pid: int | None) -> bool:
+    """Whether a process of this id runs (on this machine)."""
+    if pid is None:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -44,7 +47,7 @@ class WorkerBoard:
         count = 0
         for path in self.folder.glob("ready-*"):
             pid = int(path.name.removeprefix("ready-"))
-            if _is_alive(pid):
+            if is_process_alive(pid):
                 count += 1
                 continue
             path.unlink(missing_ok=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from layerserve.errors import LayerserveError, NotFoundError
+from layerserve.lifecycle.worker_board import is_process_alive
 from layerserve.training.job_store import Job, JobState, JobStore
 from layerserve.training.recipe import TextTrainingParams
 from layerserve.training.train_job import DATA_FILE, JOB_FILE
@@ -45,7 +46,7 @@ class JobRunner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._processes: dict[str, asyncio.subprocess.Process] = {}
         for job in self._store.all():
-            if not job.is_finished and not _is_alive(job.owner):  # its server process stopped meanwhile
+            if not job.is_finished and not is_process_alive(job.owner):  # its server process stopped meanwhile
                 self._finish(job, JobState.FAILED, f"interrupted: the server stopped while the job was {job.state}")
                 self._remove_leftovers(job)
 
@@ -216,17 +217,6 @@ class JobRunner:
                 shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(self._dir / job.id, ignore_errors=True)
 
-
-def _is_alive(pid: int | None) -> bool:
-    """Whether a process of this id runs (on this machine)."""
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
