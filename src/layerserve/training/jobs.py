@@ -217,8 +217,6 @@ class JobRunner:
                 shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(self._dir / job.id, ignore_errors=True)
 
-    return True
-
 
 def _parse_line(line: bytes) -> dict[str, Any]:
     try:
