@@ -26,6 +26,7 @@ from layerserve.errors import LayerserveError
 from layerserve.settings import Settings
 from layerserve.transports.grpc.calls import CallGuard, status_of
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, SLOW_ROWS
+from tests.demo.test_demo import chelsea_batch, package_file
 from tests.live_server import (
     LiveServer,
     free_port,
@@ -37,7 +38,6 @@ from tests.live_server import (
     wait_until,
 )
 from tests.models import build_slow, load_reference, save_model
-from tests.demo.test_demo import chelsea_batch, package_file
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 API = {"authorization": f"Bearer {API_TOKEN}"}
