@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -21,29 +21,24 @@ from layerserve.errors import (
     BadRequestError,
     EngineProcessError,
     LayerserveError,
-    ModelLoadError,
     NotReadyError,
-    UnsupportedMediaTypeError,
 )
 from layerserve.features.cache import FeatureCache
 from layerserve.features.images import ImageDecoder, ImageSpec
-from layerserve.features.labels import load_labels
 from layerserve.features.pooling import pool_features
 from layerserve.lifecycle.model import Signature, find_model_file, read_signature
 from layerserve.lifecycle.prepare import ModelSource, Preparer
 from layerserve.metrics import MODEL_LOAD_SECONDS, set_model_state
-from layerserve.serving.batcher import Batcher, QueueBudget
+from layerserve.serving.batchers import BatcherTable
 from layerserve.serving.cuts import CutCache
+from layerserve.serving.input_codec import InputCodec
 from layerserve.serving.layers import LayerGraph
 from layerserve.serving.statistics import VersionStatistics
 from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
-from layerserve.training.recipe import LABELS_FILE
 from layerserve.training.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-_MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
 
 
 class VersionState(StrEnum):
@@ -69,22 +64,18 @@ class ModelVersion:
     graph: LayerGraph = field(default_factory=lambda: LayerGraph(Signature((), ())))
     engine: Engine | None = None
     cuts: CutCache | None = None
-    image: ImageSpec | None = None
-    labels: list[str] | None = None
+    codec: InputCodec | None = None
     cache: FeatureCache | None = None
-    tokenizer: Tokenizer | None = None
-    _config_digest: str = ""
     _model_digest: str = ""
     engine_reason: str = ""
     layer_count: int = 0
     load_seconds: float = 0.0
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
     _thread: ThreadPoolExecutor | None = None
-    _batchers: dict[tuple[object, ...], Batcher] = field(default_factory=dict)
-    _budget: QueueBudget = field(default_factory=lambda: QueueBudget(1))
+    _batchers: BatcherTable | None = None
     _max_batch_size: int = 1
     _max_delay_s: float = 0.0
-    _timeout_ms: int = 0
+    _max_queue_size: int = 1
     _is_fast: bool = False
     _in_flight: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -137,7 +128,7 @@ class ModelVersion:
                 self.signature, prepared.layers, prepared.unavailable_reason, source.load
             )
             self.layer_count = prepared.layer_count
-        self._read_config()
+        self.codec = InputCodec.read(self.name, self.config, self.graph, self.path)
         choice = choose_engine(
             verdict, engine_choice, cache_file, self.signature.inputs, settings.verify_atol,
             settings.intra_op_threads, keras_engine=lambda: loaded or self._load_keras(source),
@@ -151,6 +142,11 @@ class ModelVersion:
         cut_settings = settings.model_copy(update={"engine": engine_choice})
         self.cuts = CutCache(self.graph, source, cut_settings, exporter, preparer)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
+        self._batchers = BatcherTable(
+            self._run, self._thread, self._max_batch_size, self._max_delay_s, self._max_queue_size,
+            settings.request_timeout_ms, (self.name, str(self.version)), self.statistics,
+            is_inline=lambda names, wanted: self._is_fast and self.graph.is_full_model(names, wanted),
+        )  # fmt: skip
 
     def _load_keras(self, source: ModelSource) -> KerasEngine:
         """Load the Keras model here (the fallback when ONNX cannot serve it) and compile its call."""
@@ -165,8 +161,7 @@ class ModelVersion:
         is_batchable = all(spec.shape and spec.shape[0] == -1 for spec in self.signature.inputs)
         self._max_batch_size = (config.max_batch_size or settings.max_batch_size) if is_batchable else 1
         self._max_delay_s = (settings.max_delay_ms if config.max_delay_ms is None else config.max_delay_ms) / 1000
-        self._budget = QueueBudget(config.max_queue_size or settings.max_queue_size)
-        self._timeout_ms = settings.request_timeout_ms
+        self._max_queue_size = config.max_queue_size or settings.max_queue_size
 
     def _warm_up(self, inline_limit_s: float) -> bool:
         """Run the warm-up batch, then tell whether a full batch takes under `inline_limit_s` (best of three),
@@ -195,78 +190,52 @@ class ModelVersion:
         return {
             "max_batch_size": self._max_batch_size,
             "max_delay_ms": self._max_delay_s * 1000,
-            "max_queue_size": self._budget.limit,
-            "queued": self._budget.queued,
+            "max_queue_size": self._max_queue_size,
+            "queued": self._batchers.queued if self._batchers else 0,
             "inline": self._is_fast,
         }
 
-    def _read_config(self) -> None:
-        """Image input and labels from config.yaml, checked against the signature."""
-        config = self.config
-        self._config_digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
-        if config.classify_output is not None:
-            self.graph.spec(config.classify_output, "output")
-        if config.input == "image":
-            self.image = ImageSpec.for_input(self.signature.inputs[0], config)
-        if config.input == "text":
-            self.tokenizer = Tokenizer.load(self.path)
-            expected = (-1, self.tokenizer.sequence_length)
-            first = self.signature.inputs[0]
-            if first.datatype != "INT32" or first.shape != expected:
-                found = f"{first.datatype} {list(first.shape)}"
-                raise ModelLoadError(f"input: text needs an INT32 {list(expected)} input, '{first.name}' is {found}")
-        own_labels = self.path / LABELS_FILE  # a version's own labels (written by training) win
-        self.labels = (
-            load_labels(self.path, LABELS_FILE)
-            if own_labels.is_file()
-            else load_labels(self.path.parent, config.labels)
-        )
+    @property
+    def image(self) -> ImageSpec | None:
+        """The image input's spec (image models)."""
+        return self.codec.image if self.codec else None
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer (text models)."""
+        return self.codec.tokenizer if self.codec else None
+
+    @property
+    def labels(self) -> list[str] | None:
+        """The class names of the classify output, if the model has any."""
+        return self.codec.labels if self.codec else None
 
     @property
     def classify_output(self) -> str:
         """The output whose scores /classify ranks."""
-        return self.config.classify_output or self.signature.outputs[0].name
+        return self.codec.classify_output if self.codec else self.signature.outputs[0].name
 
     @property
     def encoded_input(self) -> str | None:
         """The input that may come encoded, as BYTES: images for image models, UTF-8 texts for text models."""
-        if self.image is None and self.tokenizer is None:
-            return None
-        return self.signature.inputs[0].name
+        return self.codec.encoded_input if self.codec else None
 
     def encode_texts(self, texts: list[str]) -> dict[str, Array]:
-        """Texts -> the model's token-id input.
-
-        Raises:
-            UnsupportedMediaTypeError: the model does not take texts.
-        """
-        if self.tokenizer is None:
-            raise UnsupportedMediaTypeError(
-                f"model '{self.name}' does not take texts (its config.yaml has no 'input: text')"
-            )
-        return {self.signature.inputs[0].name: self.tokenizer.encode(texts)}
+        """Texts -> the model's token-id input (see InputCodec)."""
+        return self._codec().encode_texts(texts)
 
     async def decode_encoded(self, inputs: dict[str, Array], decoder: ImageDecoder) -> dict[str, Array]:
-        """Replace a BYTES input of encoded images or UTF-8 texts with the model's tensor."""
-        name = self.encoded_input
-        if name is None or name not in inputs or inputs[name].dtype != object:
-            return inputs
-        if self.tokenizer is not None:
-            texts = [bytes(item).decode("utf-8", "replace") for item in inputs[name].reshape(-1)]
-            return {**inputs, **self.encode_texts(texts)}
-        return await decoder.decode_inputs(inputs, self.image)
+        """Replace a BYTES input of encoded images or UTF-8 texts with the model's tensor (see InputCodec)."""
+        return await self._codec().decode_encoded(inputs, decoder)
 
     def require_image(self) -> ImageSpec:
-        """The image spec of an image model.
+        """The image spec of an image model (see InputCodec)."""
+        return self._codec().require_image()
 
-        Raises:
-            UnsupportedMediaTypeError: the model does not take images.
-        """
-        if self.image is None:
-            raise UnsupportedMediaTypeError(
-                f"model '{self.name}' does not take images (its config has no input: image)"
-            )
-        return self.image
+    def _codec(self) -> InputCodec:
+        if self.codec is None:
+            raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
+        return self.codec
 
     @property
     def engine_name(self) -> str:
@@ -306,22 +275,38 @@ class ModelVersion:
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
             return await self._compute(inputs, wanted, timeout_ms)
-        started = time.perf_counter()
+
+        async def compute(misses: list[int]) -> list[list[Array]]:
+            computed = await self._compute({n: a[misses] for n, a in inputs.items()}, wanted, timeout_ms)
+            return [[computed[name][j] for name in wanted] for j in range(len(misses))]
+
         keys = cache.row_keys(self.name, self.version, self._model_digest, wanted, inputs)
-        rows = await cache.lookup(keys, len(wanted), self.name)
-        misses = [index for index, row in enumerate(rows) if row is None]
+        rows = await self._read_through(cache, keys, len(wanted), compute)
+        return {name: np.stack([row[k] for row in rows]) for k, name in enumerate(wanted)}
+
+    async def _read_through(
+        self,
+        cache: FeatureCache,
+        keys: list[str],
+        width: int,
+        compute: Callable[[list[int]], Awaitable[list[list[Array]]]],
+    ) -> list[list[Array]]:
+        """The one read-through path of the feature cache: each key's row of `width` arrays, from the cache, or
+        computed for the misses (`compute` gets their indices) and stored. Times hits and misses in the
+        statistics (a miss: its lookup and its store, not its compute)."""
+        started = time.perf_counter()
+        found = await cache.lookup(keys, width, self.name)
+        misses = [index for index, row in enumerate(found) if row is None]
         if not misses:
             self.statistics.cache_hit.add(time.perf_counter() - started)
-        else:
-            looked_up = time.perf_counter() - started
-            computed = await self._compute({n: a[misses] for n, a in inputs.items()}, wanted, timeout_ms)
-            fresh = [[computed[name][j] for name in wanted] for j in range(len(misses))]
-            stored_at = time.perf_counter()
-            await cache.store([keys[i] for i in misses], fresh, self.name)
-            self.statistics.cache_miss.add(looked_up + time.perf_counter() - stored_at)  # lookup and insert
-            for index, row in zip(misses, fresh, strict=True):
-                rows[index] = row
-        return {name: np.stack([row[k] for row in rows if row is not None]) for k, name in enumerate(wanted)}
+            return [row for row in found if row is not None]
+        looked_up = time.perf_counter() - started
+        fresh = await compute(misses)
+        stored_at = time.perf_counter()
+        await cache.store([keys[i] for i in misses], fresh, self.name)
+        self.statistics.cache_miss.add(looked_up + time.perf_counter() - stored_at)
+        rows = dict(zip(misses, fresh, strict=True))
+        return [row if row is not None else rows[index] for index, row in enumerate(found)]
 
     def _check_indices(self, inputs: dict[str, Array]) -> None:
         """Values that index an Embedding must lie in [0, its input_dim): checked before batching, so that one
@@ -362,16 +347,13 @@ class ModelVersion:
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
             return await compute(payloads)
-        salt = f"{self._model_digest}:{self._config_digest}:{pool}"
+
+        async def compute_missing(misses: list[int]) -> list[list[Array]]:
+            return [[row] for row in await compute([payloads[i] for i in misses])]
+
+        salt = f"{self._model_digest}:{self._codec().config_digest}:{pool}"
         keys = cache.encoded_keys(self.name, self.version, salt, output, payloads)
-        rows = await cache.lookup(keys, 1, self.name)
-        misses = [index for index, row in enumerate(rows) if row is None]
-        if misses:
-            computed = await compute([payloads[i] for i in misses])
-            await cache.store([keys[i] for i in misses], [[row] for row in computed], self.name)
-            for index, row in zip(misses, computed, strict=True):
-                rows[index] = [row]
-        return np.stack([row[0] for row in rows if row is not None])
+        return np.stack([row[0] for row in await self._read_through(cache, keys, 1, compute_missing)])
 
     async def _compute(
         self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None
@@ -384,19 +366,13 @@ class ModelVersion:
             DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
             BadRequestError: a cut whose outputs need a tensor the request does not give.
         """
-        if self._thread is None:
+        if self._batchers is None:
             raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
-        names = tuple(sorted(inputs))
-        arrays = [inputs[name] for name in names]
-        key = (names, outputs, tuple((a.shape[1:], a.dtype.str) for a in arrays))
-        batcher = self._batchers.get(key) or self._new_batcher(key, names, outputs)
-        deadline = time.perf_counter() + (timeout_ms or self._timeout_ms) / 1000
         self.hold()
         try:
-            results = await batcher.submit(arrays, deadline)
+            return await self._batchers.submit(inputs, outputs, timeout_ms)
         finally:
             self.release()
-        return dict(zip(outputs, results, strict=True))
 
     def hold(self) -> None:
         """A request uses this version: it is not closed before `release`."""
@@ -413,23 +389,6 @@ class ModelVersion:
         """Wait until the requests that hold this version have their answers."""
         if self._in_flight:
             await self._idle.wait()
-
-    def _new_batcher(self, key: tuple[object, ...], names: tuple[str, ...], wanted: tuple[str, ...]) -> Batcher:
-        if len(self._batchers) >= _MAX_BATCHERS:
-            self._batchers = {k: b for k, b in self._batchers.items() if not b.is_idle}
-
-        def run(arrays: list[Array]) -> list[Array]:
-            results = self._run(dict(zip(names, arrays, strict=True)), wanted)
-            return [results[name] for name in wanted]
-
-        assert self._thread is not None
-        labels = (self.name, str(self.version))
-        inline = self.graph.is_full_model(names, wanted) and self._is_fast
-        batcher = Batcher(
-            run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, labels, inline, self.statistics
-        )
-        self._batchers[key] = batcher
-        return batcher
 
     def _run(self, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
         """On the model thread: the full model's engine, or the cut for these names."""
@@ -462,4 +421,6 @@ class ModelVersion:
             self._thread.shutdown(wait=True)
         if self.engine is not None:
             self.engine.close()
-        self.engine, self._batchers = None, {}
+        self.engine = None
+        if self._batchers is not None:
+            self._batchers.clear()

@@ -1,0 +1,85 @@
+"""BatcherTable: a version's batchers, one per (input names, outputs, non-batch shapes), and its batching settings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from layerserve.serving.batcher import Batcher, QueueBudget
+from layerserve.serving.statistics import VersionStatistics
+from layerserve.tensors import Array
+
+_MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
+
+RunNamed = Callable[[dict[str, Array], tuple[str, ...]], dict[str, Array]]
+
+
+class BatcherTable:
+    """Requests with the same input names, outputs and non-batch shapes share one batcher; all of a version's
+    batchers share its queue budget and its model thread. `run` computes one batch (on the model thread, or on
+    the event loop for a full-model call when `is_inline` says so)."""
+
+    def __init__(
+        self,
+        run: RunNamed,
+        thread: Executor,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_queue_size: int,
+        timeout_ms: int,
+        labels: tuple[str, str],
+        statistics: VersionStatistics,
+        is_inline: Callable[[tuple[str, ...], tuple[str, ...]], bool],
+    ) -> None:
+        self._run = run
+        self._thread = thread
+        self._max_batch_size = max_batch_size
+        self._max_delay_s = max_delay_s
+        self._budget = QueueBudget(max_queue_size)
+        self._timeout_ms = timeout_ms
+        self._labels = labels
+        self._statistics = statistics
+        self._is_inline = is_inline
+        self._batchers: dict[tuple[object, ...], Batcher] = {}
+
+    async def submit(
+        self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None
+    ) -> dict[str, Array]:
+        """Queue one request with the batcher of its names and shapes; its rows of the outputs.
+
+        Raises:
+            QueueFullError: too many requests wait already (503).
+            DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
+        """
+        names = tuple(sorted(inputs))
+        arrays = [inputs[name] for name in names]
+        key = (names, outputs, tuple((a.shape[1:], a.dtype.str) for a in arrays))
+        batcher = self._batchers.get(key) or self._new_batcher(key, names, outputs)
+        deadline = time.perf_counter() + (timeout_ms or self._timeout_ms) / 1000
+        results = await batcher.submit(arrays, deadline)
+        return dict(zip(outputs, results, strict=True))
+
+    def _new_batcher(self, key: tuple[object, ...], names: tuple[str, ...], wanted: tuple[str, ...]) -> Batcher:
+        if len(self._batchers) >= _MAX_BATCHERS:
+            self._batchers = {k: b for k, b in self._batchers.items() if not b.is_idle}
+
+        def run(arrays: list[Array]) -> list[Array]:
+            results = self._run(dict(zip(names, arrays, strict=True)), wanted)
+            return [results[name] for name in wanted]
+
+        batcher = Batcher(
+            run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, self._labels,
+            self._is_inline(names, wanted), self._statistics,
+        )  # fmt: skip
+        self._batchers[key] = batcher
+        return batcher
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting now, over all the version's batchers."""
+        return self._budget.queued
+
+    def clear(self) -> None:
+        """Drop every batcher (the version is closed)."""
+        self._batchers = {}
