@@ -135,10 +135,10 @@ def _round_trip(array: np.ndarray, datatype: str, binary: bool) -> np.ndarray:
     graph = _graph(datatype, array.shape)
     shape = list(array.shape)
     if binary:
-        from layerserve.protocols.v2 import _encode_bytes_elements
+        from layerserve.protocols.v2 import encode_bytes_elements
 
         raw = (
-            _encode_bytes_elements(array)
+            encode_bytes_elements(array)
             if datatype == "BYTES"
             else array.astype(array.dtype.newbyteorder("<")).tobytes()
         )
