@@ -60,7 +60,9 @@ def start_server(settings: Settings, ready_timeout_s: float = 180, grpc: bool = 
     """
     port, grpc_port = free_port(), free_port() if grpc else 0
     app = create_app(Runtime(settings.model_copy(update={"grpc_port": grpc_port})))
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=settings.keep_alive_timeout_s
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

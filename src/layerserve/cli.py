@@ -70,6 +70,9 @@ def _serve(args: argparse.Namespace) -> int:
         "host": settings.host, "port": settings.port, "log_level": settings.log_level, "log_config": None,
         "loop": "uvloop", "http": "httptools", "access_log": False, "proxy_headers": False,
         "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+        # Longer than clients' own keep-alive expiry (httpx: 5 s, uvicorn's default too): when the server closes
+        # an idle connection first, a request the client sends on it at that moment is reset.
+        "timeout_keep_alive": settings.keep_alive_timeout_s,
     }  # fmt: skip
     if settings.workers == 1:
         uvicorn.run(create_app(Runtime(settings)), **options)

@@ -17,9 +17,9 @@ from layerserve.errors import BadRequestError
 from layerserve.features.images import ImageDecoder
 from layerserve.features.labels import top_k
 from layerserve.features.pooling import POOLS, pool_features
-from layerserve.protocols.v2 import check_model_inputs
+from layerserve.protocols.v2 import check_input, check_model_inputs
 from layerserve.serving.registry import ModelRegistry, ModelVersion
-from layerserve.tensors import Array, check_against_spec, check_batch_sizes, datatype_of
+from layerserve.tensors import Array, check_batch_sizes, datatype_of
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,13 @@ def _checked_inputs(version: ModelVersion, inputs: Mapping[str, Any]) -> dict[st
         raise BadRequestError("no inputs given")
     arrays: dict[str, Array] = {}
     for name, value in inputs.items():
-        spec = version.graph.spec(name, "input")
         # Lists take the tensor's datatype; an array keeps its own (a float64 array for FP32 is refused).
-        array = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=spec.dtype)
+        array = (
+            value if isinstance(value, np.ndarray) else np.asarray(value, dtype=version.graph.spec(name, "input").dtype)
+        )
         if array.ndim == 0:
             raise BadRequestError(f"input '{name}': expected an array with a batch dimension, got a scalar")
-        check_against_spec(spec, datatype_of(array.dtype), tuple(array.shape))
+        check_input(name, datatype_of(array.dtype), tuple(array.shape), version.graph, None)  # as V2 checks it
         arrays[name] = array
     check_model_inputs(arrays, version.graph)
     check_batch_sizes(arrays)

@@ -111,6 +111,9 @@ class Settings(BaseModel):
     shutdown_timeout_s: float = Field(
         30.0, ge=0, description="On SIGTERM, how long requests in flight may take to finish before the exit."
     )
+    keep_alive_timeout_s: int = Field(
+        75, ge=1, description="How long an idle kept-alive HTTP connection stays open (longer than clients' own)."
+    )
     admin_token: str | None = Field(
         None, description="Bearer token the management routes require (load, unload, apply, train, jobs)."
     )
