@@ -19,6 +19,7 @@ from flask import Flask, request
 
 from layerserve.blocking import BlockingRuntime
 from layerserve.errors import LayerserveError
+from layerserve.messages import ClassifyRequest, InferRequest
 from layerserve.settings import Settings
 
 
@@ -30,13 +31,13 @@ def create_app(repository: str) -> Flask:
     @app.post("/predict/<model>")
     def predict(model: str) -> dict[str, Any]:
         body = request.get_json(force=True)
-        result = runtime.infer(model, body["inputs"], body.get("outputs", ()))
+        result = runtime.infer(InferRequest(model, body["inputs"], body.get("outputs", ())))
         return {"version": result.version, "outputs": {k: v.tolist() for k, v in result.outputs.items()}}
 
     @app.post("/classify/<model>")
     def classify(model: str) -> dict[str, Any]:
         items = [f.read() for f in request.files.getlist("image")] or request.get_json(force=True)["texts"]
-        return {"predictions": runtime.classify(model, items, top=3)}
+        return {"predictions": runtime.classify(ClassifyRequest(model, items, top_k=3)).predictions}
 
     @app.errorhandler(LayerserveError)
     def refuse(error: LayerserveError) -> tuple[dict[str, str], int]:

@@ -1,4 +1,4 @@
-"""The data plane as Python calls (Runtime.infer, classify, extract) and BlockingRuntime from many threads:
+"""The data plane as Python calls (Runtime.infer, classify, features) and BlockingRuntime from many threads:
 answers equal Keras, bad calls raise our errors."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 
 from layerserve.blocking import BlockingRuntime
 from layerserve.errors import BadRequestError, NotFoundError
+from layerserve.messages import ClassifyRequest, InferRequest
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
 from tests.models import load_reference
@@ -33,12 +34,14 @@ async def test_infer_equals_keras_for_outputs_and_layers(runtime: Runtime, repos
     rng = np.random.default_rng(3)
     features = rng.normal(size=(5, 4)).astype(np.float32)
     tokens = rng.integers(0, 10, (5, 3)).astype(np.int32)
-    result = await runtime.infer("multi", {"features": features, "tokens": tokens})
+    result = await runtime.infer(InferRequest("multi", {"features": features, "tokens": tokens}))
     assert result.model == "multi" and result.version == 1 and set(result.outputs) == {"regression", "probs"}
     expected = reference([features, tokens])
     np.testing.assert_allclose(result.outputs["regression"], np.asarray(expected[0]), atol=1e-5)
     np.testing.assert_allclose(result.outputs["probs"], np.asarray(expected[1]), atol=1e-5)
-    lists = await runtime.infer("multi", {"features": features.tolist(), "tokens": tokens.tolist()}, ["joined"])
+    lists = await runtime.infer(
+        InferRequest("multi", {"features": features.tolist(), "tokens": tokens.tolist()}, ["joined"])
+    )
     import keras
 
     joined = keras.Model(reference.inputs, reference.get_layer("joined").output)([features, tokens])
@@ -48,17 +51,17 @@ async def test_infer_equals_keras_for_outputs_and_layers(runtime: Runtime, repos
 async def test_bad_calls_raise_errors_that_name_the_problem(runtime: Runtime) -> None:
     x = np.zeros((1, 10), np.float32)
     with pytest.raises(NotFoundError, match="unknown model 'nope'"):
-        await runtime.infer("nope", {"x": x})
+        await runtime.infer(InferRequest("nope", {"x": x}))
     with pytest.raises(BadRequestError, match="unknown input 'y'"):
-        await runtime.infer("mlp", {"y": x})
+        await runtime.infer(InferRequest("mlp", {"y": x}))
     with pytest.raises(BadRequestError, match="FP32"):
-        await runtime.infer("mlp", {"x": x.astype(np.float64)})
+        await runtime.infer(InferRequest("mlp", {"x": x.astype(np.float64)}))
     with pytest.raises(BadRequestError, match="unknown output 'nothing'"):
-        await runtime.infer("mlp", {"x": x}, ["nothing"])
+        await runtime.infer(InferRequest("mlp", {"x": x}, ["nothing"]))
     with pytest.raises(BadRequestError, match="Embedding 'embedding' of 10 rows"):
-        await runtime.infer("multi", {"features": np.zeros((1, 4), np.float32), "tokens": [[1, 2, 10]]})
+        await runtime.infer(InferRequest("multi", {"features": np.zeros((1, 4), np.float32), "tokens": [[1, 2, 10]]}))
     with pytest.raises(BadRequestError, match=r"images .* or texts"):
-        await runtime.classify("mlp", [b"png", "text"])
+        await runtime.classify(ClassifyRequest("mlp", [b"png", "text"]))
 
 
 def test_blocking_runtime_answers_many_threads_as_keras(settings: Settings, repository: Path) -> None:
@@ -67,8 +70,8 @@ def test_blocking_runtime_answers_many_threads_as_keras(settings: Settings, repo
     batches = [rng.normal(size=(int(rng.integers(1, 4)), 10)).astype(np.float32) for _ in range(64)]
     with BlockingRuntime(settings.model_copy(update={"reload_interval_s": 0})) as runtime:
         with ThreadPoolExecutor(16) as pool:
-            results = list(pool.map(lambda x: runtime.infer("mlp", {"x": x}).outputs["probs"], batches))
+            results = list(pool.map(lambda x: runtime.infer(InferRequest("mlp", {"x": x})).outputs["probs"], batches))
         with pytest.raises(NotFoundError):
-            runtime.infer("mlp", {"x": batches[0]}, version=9)
+            runtime.infer(InferRequest("mlp", {"x": batches[0]}, version=9))
     for x, probs in zip(batches, results, strict=True):
         np.testing.assert_allclose(probs, np.asarray(reference(x)), atol=1e-5)

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from layerserve.dataplane import InferResult
 from layerserve.errors import NotReadyError
+from layerserve.messages import (
+    ClassifyRequest,
+    ClassifyResponse,
+    FeaturesRequest,
+    FeaturesResponse,
+    InferRequest,
+    InferResponse,
+)
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
-from layerserve.tensors import Array
 
 T = TypeVar("T")
 
@@ -49,23 +55,17 @@ class BlockingRuntime:
             future.cancel()
             raise NotReadyError(f"no answer within {timeout_s} s") from None
 
-    def infer(
-        self, model: str, inputs: Mapping[str, Any], outputs: Sequence[str] = (), version: int | None = None
-    ) -> InferResult:
+    def infer(self, request: InferRequest) -> InferResponse:
         """`Runtime.infer`, blocking."""
-        return self._call(self.runtime.infer(model, inputs, outputs, version))
+        return self._call(self.runtime.infer(request))
 
-    def classify(
-        self, model: str, items: Sequence[bytes | str], top: int = 5, version: int | None = None
-    ) -> list[list[dict[str, Any]]]:
+    def classify(self, request: ClassifyRequest) -> ClassifyResponse:
         """`Runtime.classify`, blocking."""
-        return self._call(self.runtime.classify(model, items, top, version))
+        return self._call(self.runtime.classify(request))
 
-    def extract(
-        self, model: str, items: Sequence[bytes | str], layer: str, pool: str = "", version: int | None = None
-    ) -> Array:
-        """`Runtime.extract` (a layer's features), blocking."""
-        return self._call(self.runtime.extract(model, items, layer, pool, version))
+    def features(self, request: FeaturesRequest) -> FeaturesResponse:
+        """`Runtime.features` (a layer's output per image or text), blocking."""
+        return self._call(self.runtime.features(request))
 
     def close(self) -> None:
         """Stop the runtime and its thread."""

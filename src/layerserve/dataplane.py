@@ -1,122 +1,128 @@
-"""DataPlane: infer, classify and features as Python calls on numpy arrays, images and texts (no wire format).
+"""DataPlane: infer, classify and features as typed requests and answers (see messages.py), for every transport.
 
-The calls a program makes when it keeps its own web app (Flask, Tornado, ...) and uses layerserve inside it:
-every request leases its version, is checked against the version's signature and layer graph, and goes
-through the same feature cache, batcher and engine as the server's requests.
+Each call leases its version for as long as it runs, checks the request against that version once (see
+RequestChecks) and goes through the feature cache, the batcher and the engine. The HTTP routes, the gRPC
+servicer and programs that keep their own web app (Flask, Tornado, ...) all call these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from collections.abc import Sequence
 
 from layerserve.errors import BadRequestError
+from layerserve.features.feature_store import FeatureStore, StoredFeature, check_ids
 from layerserve.features.images import ImageDecoder
-from layerserve.features.labels import top_k
-from layerserve.features.pooling import POOLS, pool_features
-from layerserve.protocols.v2 import check_input, check_model_inputs
+from layerserve.features.labels import classification_strings, top_k
+from layerserve.features.pooling import check_pool, pool_features
+from layerserve.messages import (
+    ClassifyRequest,
+    ClassifyResponse,
+    FeaturesRequest,
+    FeaturesResponse,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+)
 from layerserve.serving.registry import ModelRegistry, ModelVersion
-from layerserve.tensors import Array, check_batch_sizes, datatype_of
+from layerserve.tensors import Array
 
 
-@dataclass(frozen=True)
-class InferResult:
-    """The outputs of one infer call, by name, and the version that computed them."""
-
-    model: str
-    version: int
-    outputs: dict[str, Array]
-
-
-def _checked_inputs(version: ModelVersion, inputs: Mapping[str, Any]) -> dict[str, Array]:
-    """The inputs as arrays, each checked against its tensor in the version's graph (a model input or a layer).
-
-    Raises:
-        BadRequestError: an unknown name, a datatype or shape that does not fit, unequal batch sizes.
-    """
-    if not inputs:
-        raise BadRequestError("no inputs given")
-    arrays: dict[str, Array] = {}
-    for name, value in inputs.items():
-        # Lists take the tensor's datatype; an array keeps its own (a float64 array for FP32 is refused).
-        array = (
-            value if isinstance(value, np.ndarray) else np.asarray(value, dtype=version.graph.spec(name, "input").dtype)
-        )
-        if array.ndim == 0:
-            raise BadRequestError(f"input '{name}': expected an array with a batch dimension, got a scalar")
-        check_input(name, datatype_of(array.dtype), tuple(array.shape), version.graph, None)  # as V2 checks it
-        arrays[name] = array
-    check_model_inputs(arrays, version.graph)
-    check_batch_sizes(arrays)
-    return arrays
+def answer_outputs(
+    requested: tuple[RequestedOutput, ...], computed: dict[str, Array], labels: list[str] | None, labelled: str
+) -> dict[str, Array]:
+    """The computed outputs in the order asked for, each requested classification made into its BYTES tensor
+    (`labels` name the classes of the `labelled` output only: any other's is Triton's plain `score:index`)."""
+    if not requested:
+        return computed
+    answer: dict[str, Array] = {}
+    for wanted in requested:
+        array = computed[wanted.name]
+        if wanted.classification is not None:
+            own_labels = labels if wanted.name == labelled else None
+            array = classification_strings(array, own_labels, wanted.classification)
+        answer[wanted.name] = array
+    return answer
 
 
 class DataPlane:
     """The transport-neutral calls over a registry of models (see the module's docstring)."""
 
-    def __init__(self, registry: ModelRegistry, decoder: ImageDecoder) -> None:
+    def __init__(self, registry: ModelRegistry, decoder: ImageDecoder, store: FeatureStore) -> None:
         self._registry = registry
         self._decoder = decoder
+        self._store = store
 
-    async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        outputs: Sequence[str] = (),
-        version: int | None = None,
-        timeout_ms: int | None = None,
-        use_cache: bool = True,
-    ) -> InferResult:
+    async def infer(self, request: InferRequest) -> InferResponse:
         """Named arrays in (model inputs, or layers to cut at), named outputs (model outputs or any layer) out.
 
         Raises:
             NotFoundError: unknown model or version (404 over HTTP).
             NotReadyError, QueueFullError: the version cannot take it now (503).
-            DeadlineExceededError: not answered within `timeout_ms` (504).
+            DeadlineExceededError: not answered within the request's `timeout_ms` (504).
             BadRequestError: inputs or outputs that do not fit the version (400).
         """
-        async with self._registry.lease(model, version) as served:
-            for name in outputs:
-                served.graph.spec(name, "output")
-            arrays = _checked_inputs(served, inputs)
-            computed = await served.predict(arrays, tuple(outputs), timeout_ms, use_cache)
-            return InferResult(served.name, served.version, computed)
+        async with self._registry.lease(request.model, request.version) as served:
+            return await self.infer_on(served, request)
 
-    async def classify(
-        self, model: str, items: Sequence[bytes | str], top: int = 5, version: int | None = None
-    ) -> list[list[dict[str, Any]]]:
-        """Encoded images (bytes) or texts (str) in; per item, the `top` best classes as {label, index, score}.
+    async def infer_on(self, served: ModelVersion, request: InferRequest) -> InferResponse:
+        """`infer` on a version the caller leased (a transport that reads the version to translate its wire)."""
+        inputs = served.checks.inputs(request.inputs, request.base64_inputs)
+        served.checks.outputs(request.requested)
+        inputs = await served.decode_encoded(inputs, self._decoder)
+        names = tuple(output.name for output in request.requested)
+        computed = await served.predict(inputs, names, request.timeout_ms, request.use_cache)
+        outputs = answer_outputs(request.requested, computed, served.labels, served.classify_output)
+        return InferResponse(served.name, served.version, outputs, request.id)
+
+    async def classify(self, request: ClassifyRequest) -> ClassifyResponse:
+        """Encoded images (bytes) or texts (str) in; per item, the `top_k` best classes as {label, index, score}.
 
         Raises:
-            UnsupportedMediaTypeError: the model takes neither images nor texts.
+            UnsupportedMediaTypeError: the model takes neither images nor texts (or not these).
             UnprocessableImageError, PayloadTooLargeError: a bad image.
         """
-        async with self._registry.lease(model, version) as served:
-            scores = await self._rows(served, items, served.classify_output, "")
-            return top_k(scores, served.labels, top)
+        async with self._registry.lease(request.model, request.version) as served:
+            return await self.classify_on(served, request)
 
-    async def features(
-        self, model: str, items: Sequence[bytes | str], layer: str, pool: str = "", version: int | None = None
+    async def classify_on(self, served: ModelVersion, request: ClassifyRequest) -> ClassifyResponse:
+        """`classify` on a version the caller leased."""
+        if type(request.top_k) is not int or request.top_k < 1:
+            raise BadRequestError(f"top_k must be a positive integer, got {request.top_k!r}")
+        scores = await self._rows(served, request.items, served.classify_output, "", request.use_cache)
+        return ClassifyResponse(served.name, served.version, top_k(scores, served.labels, request.top_k))
+
+    async def features(self, request: FeaturesRequest) -> FeaturesResponse:
+        """Encoded images or texts in; one layer's output per item (pooled), stored under the request's ids.
+
+        Raises:
+            BadRequestError: an unknown layer or pool, ids that are not one distinct id per item.
+        """
+        async with self._registry.lease(request.model, request.version) as served:
+            return await self.features_on(served, request)
+
+    async def features_on(self, served: ModelVersion, request: FeaturesRequest) -> FeaturesResponse:
+        """`features` on a version the caller leased."""
+        check_pool(request.pool)
+        served.graph.spec(request.layer, "output")
+        rows = await self._rows(served, request.items, request.layer, request.pool, request.use_cache)
+        if request.ids:
+            ids = list(request.ids)
+            check_ids(ids, len(rows))
+            stored = [StoredFeature(i, served.version, request.layer, row) for i, row in zip(ids, rows, strict=True)]
+            await self._store.put_many(served.name, stored)
+        return FeaturesResponse(served.name, served.version, request.layer, rows)
+
+    async def _rows(
+        self, served: ModelVersion, items: Sequence[bytes | str], output: str, pool: str, use_cache: bool
     ) -> Array:
-        """Encoded images or texts in; one layer's output per item, pooled per `pool` ("" keeps it whole)."""
-        if pool and pool not in POOLS:
-            raise BadRequestError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
-        async with self._registry.lease(model, version) as served:
-            served.graph.spec(layer, "output")
-            return await self._rows(served, items, layer, pool)
-
-    async def _rows(self, served: ModelVersion, items: Sequence[bytes | str], output: str, pool: str) -> Array:
         if not items:
             raise BadRequestError("no images or texts given")
         if all(isinstance(item, str) for item in items):
             inputs = served.encode_texts([str(item) for item in items])
-            rows = (await served.predict(inputs, (output,)))[output]
+            rows = (await served.predict(inputs, (output,), None, use_cache))[output]
             return pool_features(rows, pool) if pool else rows
         images = [item for item in items if isinstance(item, bytes)]
         if len(images) != len(items):
             raise BadRequestError("give encoded images (bytes) or texts (str), not a mix")
         served.require_image()
-        return await served.image_output(images, output, self._decoder, True, pool)
+        return await served.image_output(images, output, self._decoder, use_cache, pool)

@@ -32,7 +32,8 @@ class Runtime:
 
     Built from `Settings` without starting anything; `start()` loads the models (in the background, or, with
     a worker `board`, before it returns) and starts polling, sampling and the job runner; `close()` stops them.
-    `infer`, `classify` and `extract` (a layer's features) are its data plane's calls (see DataPlane).
+    `infer`, `classify` and `features` (a layer's output per image or text) are its data plane's calls (see
+    DataPlane), on the typed requests of messages.py.
     """
 
     def __init__(self, settings: Settings, board: WorkerBoard | None = None) -> None:
@@ -51,9 +52,9 @@ class Runtime:
             settings.decode_threads or os.cpu_count(), thread_name_prefix="image-decoder"
         )
         self.decoder = ImageDecoder(self._decode_pool, settings.max_image_pixels)
-        self.features = FeatureStore(store_backend, settings.cache_key_prefix)
-        self.data = DataPlane(self.registry, self.decoder)
-        self.infer, self.classify, self.extract = self.data.infer, self.data.classify, self.data.features
+        self.feature_store = FeatureStore(store_backend, settings.cache_key_prefix)
+        self.data = DataPlane(self.registry, self.decoder, self.feature_store)
+        self.infer, self.classify, self.features = self.data.infer, self.data.classify, self.data.features
         self.jobs: JobRunner | None = None
         self.jobs_error = "training jobs are unavailable: the runtime has not started"
         self.draining = threading.Event()  # set when shutdown begins: readiness turns false

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
+from layerserve.dataplane import answer_outputs
 from layerserve.errors import BadRequestError, PayloadTooLargeError
 from layerserve.lifecycle.model import Signature
+from layerserve.messages import InferRequest, InferResponse
 from layerserve.protocols import grpc_v2
 from layerserve.serving.layers import LayerGraph
+from layerserve.serving.request_checks import RequestChecks
 from layerserve.tensors import TensorSpec
 
 GRAPH = LayerGraph(
@@ -21,6 +24,15 @@ GRAPH = LayerGraph(
     )
 )
 TEXTS = LayerGraph(Signature((TensorSpec("tokens", "INT32", (-1, 4)),), (TensorSpec("out", "FP32", (-1, 2)),)))
+
+
+def _checked(request: service_pb2.ModelInferRequest, graph: LayerGraph) -> InferRequest:
+    """Parse as the servicer does, then check as the data plane does."""
+    checks = RequestChecks(graph, "tokens" if graph is TEXTS else None)
+    parsed = grpc_v2.parse_model_infer(request, checks.declared)
+    checks.inputs(parsed.inputs, parsed.base64_inputs)
+    checks.outputs(parsed.requested)
+    return parsed
 
 
 def _request(**fields: object) -> service_pb2.ModelInferRequest:
@@ -36,11 +48,11 @@ def test_raw_and_typed_contents_decode_to_the_same_arrays() -> None:
     typed.inputs.add(name="a", datatype="INT8", shape=[2, 2]).contents.int_contents.extend(a.ravel().tolist())
     typed.inputs.add(name="b", datatype="FP32", shape=[2, 2]).contents.fp32_contents.extend(b.ravel().tolist())
     for request in (raw, typed):
-        parsed = grpc_v2.parse_model_infer(request, GRAPH, None)
+        parsed = _checked(request, GRAPH)
         np.testing.assert_array_equal(parsed.inputs["a"], a)
         np.testing.assert_array_equal(parsed.inputs["b"], b)
         assert parsed.inputs["a"].dtype == np.int8 and parsed.inputs["b"].dtype == np.float32
-    assert grpc_v2.parse_model_infer(typed, GRAPH, None).id == "r"
+    assert _checked(typed, GRAPH).id == "r"
 
 
 @pytest.mark.parametrize(
@@ -68,7 +80,7 @@ def test_bad_inputs_get_the_rest_door_s_messages(build: object, message: str) ->
     request = _request()
     build(request)  # type: ignore[operator]
     with pytest.raises(BadRequestError, match=re.escape(message)):
-        grpc_v2.parse_model_infer(request, GRAPH, None)
+        _checked(request, GRAPH)
 
 
 def test_raw_contents_must_cover_every_input_and_match_sizes() -> None:
@@ -76,11 +88,11 @@ def test_raw_contents_must_cover_every_input_and_match_sizes() -> None:
     request.inputs.add(name="a", datatype="INT8", shape=[1, 2])
     request.inputs.add(name="b", datatype="FP32", shape=[1, 2])
     with pytest.raises(BadRequestError, match="raw_input_contents holds 1 tensors for 2 inputs"):
-        grpc_v2.parse_model_infer(request, GRAPH, None)
+        _checked(request, GRAPH)
     short = _request(raw_input_contents=[b"\x00"])
     short.inputs.add(name="a", datatype="INT8", shape=[1, 2])
     with pytest.raises(BadRequestError, match="does not match shape"):
-        grpc_v2.parse_model_infer(short, GRAPH, None)
+        _checked(short, GRAPH)
 
 
 def test_bytes_texts_parameters_and_outputs() -> None:
@@ -90,15 +102,15 @@ def test_bytes_texts_parameters_and_outputs() -> None:
     request.outputs.add(name="out").parameters["classification"].int64_param = 1
     request.parameters["timeout"].int64_param = 2_500_000  # Triton's microseconds
     request.parameters["cache"].bool_param = False
-    parsed = grpc_v2.parse_model_infer(request, TEXTS, "tokens")
+    parsed = _checked(request, TEXTS)
     assert list(parsed.inputs["tokens"]) == texts
     assert parsed.timeout_ms == 2500 and parsed.use_cache is False
-    assert parsed.outputs[0].name == "out" and parsed.outputs[0].classification == 1
+    assert parsed.requested[0].name == "out" and parsed.requested[0].classification == 1
     request.parameters["timeout_ms"].int64_param = 40
-    assert grpc_v2.parse_model_infer(request, TEXTS, "tokens").timeout_ms == 40
+    assert _checked(request, TEXTS).timeout_ms == 40
     request.inputs[0].parameters["shared_memory_region"].string_param = "r"
     with pytest.raises(BadRequestError, match="shared memory"):
-        grpc_v2.parse_model_infer(request, TEXTS, "tokens")
+        _checked(request, TEXTS)
 
 
 def test_answers_in_requested_order_with_classification_and_a_size_limit() -> None:
@@ -107,10 +119,12 @@ def test_answers_in_requested_order_with_classification_and_a_size_limit() -> No
     request.inputs.add(name="b", datatype="FP32", shape=[1, 2])
     request.outputs.add(name="b")
     request.outputs.add(name="out").parameters["classification"].int64_param = 2
-    parsed = grpc_v2.parse_model_infer(request, GRAPH, None)
+    parsed = _checked(request, GRAPH)
     scores = np.array([[0.1, 0.7, 0.2]], np.float32)
     outputs = {"out": scores, "b": np.array([[1.0, 2.0]], np.float32)}
-    answer = grpc_v2.encode_model_infer("m", 3, parsed, outputs, ["x", "y", "z"], "out")
+    answer = grpc_v2.encode_model_infer(
+        InferResponse("m", 3, answer_outputs(parsed.requested, outputs, ["x", "y", "z"], "out"))
+    )
     assert answer.model_version == "3" and [o.name for o in answer.outputs] == ["b", "out"]
     assert [o.datatype for o in answer.outputs] == ["FP32", "BYTES"] and list(answer.outputs[1].shape) == [1, 2]
     np.testing.assert_array_equal(np.frombuffer(answer.raw_output_contents[0], "<f4"), [1.0, 2.0])
@@ -118,4 +132,4 @@ def test_answers_in_requested_order_with_classification_and_a_size_limit() -> No
     size = int.from_bytes(first[:4], "little")
     assert first[4 : 4 + size].decode() == "0.700000:1:y"
     with pytest.raises(PayloadTooLargeError, match="over the message size limit of 8 bytes"):
-        grpc_v2.encode_model_infer("m", 3, parsed, outputs, None, None, max_bytes=8)
+        grpc_v2.encode_model_infer(InferResponse("m", 3, outputs), max_bytes=8)

@@ -10,8 +10,10 @@ import pytest
 
 from layerserve.errors import BadRequestError
 from layerserve.lifecycle.model import Signature
+from layerserve.messages import InferRequest, InferResponse
 from layerserve.protocols.v2 import encode_infer_response, parse_infer_request
 from layerserve.serving.layers import LayerGraph
+from layerserve.serving.request_checks import RequestChecks
 from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
 
 NUMERIC = [name for name in DATATYPE_TO_DTYPE if name != "BYTES"]
@@ -19,6 +21,15 @@ NUMERIC = [name for name in DATATYPE_TO_DTYPE if name != "BYTES"]
 
 def _signature(datatype: str) -> LayerGraph:
     return LayerGraph(Signature((TensorSpec("t", datatype, (-1, 3)),), (TensorSpec("t", datatype, (-1, 3)),)))
+
+
+def _checked(body: bytes, header_length: str | None, graph: LayerGraph) -> InferRequest:
+    """Parse as the route does, then check as the data plane does."""
+    checks = RequestChecks(graph)
+    request = parse_infer_request(body, header_length, "m", 1, checks.declared)
+    checks.inputs(request.inputs, request.base64_inputs)
+    checks.outputs(request.requested)
+    return request
 
 
 def _sample(datatype: str) -> np.ndarray:
@@ -38,9 +49,9 @@ def test_json_round_trip(datatype: str) -> None:
     array = _sample(datatype)
     data = [e.decode() for e in array.reshape(-1)] if datatype == "BYTES" else array.tolist()
     body = orjson.dumps({"inputs": [{"name": "t", "shape": [2, 3], "datatype": datatype, "data": data}]})
-    parsed = parse_infer_request(body, None, _signature(datatype))
+    parsed = _checked(body, None, _signature(datatype))
     np.testing.assert_array_equal(parsed.inputs["t"], array)
-    content, header_length = encode_infer_response("m", 1, parsed, {"t": parsed.inputs["t"]})
+    content, header_length = encode_infer_response(parsed, InferResponse("m", 1, {"t": parsed.inputs["t"]}))
     assert header_length is None
     (output,) = orjson.loads(content)["outputs"]
     assert output["datatype"] == datatype and output["shape"] == [2, 3]
@@ -59,9 +70,9 @@ def test_binary_round_trip(datatype: str) -> None:
             "parameters": {"binary_data_output": True},
         }
     )
-    parsed = parse_infer_request(header + raw, str(len(header)), _signature(datatype))
+    parsed = _checked(header + raw, str(len(header)), _signature(datatype))
     np.testing.assert_array_equal(parsed.inputs["t"], array)
-    content, header_length = encode_infer_response("m", 1, parsed, {"t": parsed.inputs["t"]})
+    content, header_length = encode_infer_response(parsed, InferResponse("m", 1, {"t": parsed.inputs["t"]}))
     assert header_length is not None
     assert content[header_length:] == raw
     assert orjson.loads(content[:header_length])["outputs"][0]["parameters"] == {"binary_data_size": len(raw)}
@@ -71,7 +82,7 @@ def test_errors_name_the_problem() -> None:
     signature = _signature("FP32")
 
     def parse(body: object, header: str | None = None, tail: bytes = b"") -> None:
-        parse_infer_request(orjson.dumps(body) + tail, header, signature)
+        _checked(orjson.dumps(body) + tail, header, signature)
 
     good = {"name": "t", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}
     with pytest.raises(BadRequestError, match="given twice"):
@@ -89,6 +100,6 @@ def test_errors_name_the_problem() -> None:
         {"inputs": [{"name": "t", "shape": [1, 3], "datatype": "BYTES", "parameters": {"binary_data_size": 8}}]}
     )
     with pytest.raises(BadRequestError, match="runs past the end"):
-        parse_infer_request(header + struct.pack("<I", 99) + b"abcd", str(len(header)), bytes_signature)
+        _checked(header + struct.pack("<I", 99) + b"abcd", str(len(header)), bytes_signature)
     with pytest.raises(BadRequestError, match="runs past the binary data"):
-        parse_infer_request(header + b"abc", str(len(header)), bytes_signature)
+        _checked(header + b"abc", str(len(header)), bytes_signature)

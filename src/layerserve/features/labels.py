@@ -67,3 +67,15 @@ def top_k(scores: Array, labels: list[str] | None, k: int) -> list[list[dict[str
         ]
         for row, indices in zip(scores, best, strict=True)
     ]
+
+
+def classification_strings(scores: Array, labels: list[str] | None, k: int) -> Array:
+    """The classification extension's BYTES tensor: per row, the k best as `score:index[:label]` (a label only
+    where `labels` names that index)."""
+    count = len(labels) if labels else 0
+    rows = []
+    for row in top_k(scores, labels, k):
+        rows.append([f"{c['score']:f}:{c['index']}" + (f":{c['label']}" if c["index"] < count else "") for c in row])
+    strings = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)
+    strings[:] = [[text.encode("utf-8") for text in row] for row in rows]
+    return strings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from layerserve.errors import BadRequestError
 from layerserve.tensors import Array
 
 POOLS = ("none", "avg", "max")
@@ -18,3 +19,9 @@ def pool_features(output: Array, pool: str | None) -> Array:
         return output
     pooled: Array = output.mean(axis=axes) if chosen == "avg" else output.max(axis=axes)
     return pooled
+
+
+def check_pool(pool: str, what: str = "pool") -> None:
+    """Raises BadRequestError unless `pool` is one of POOLS ("" and "default" pick per output, see above)."""
+    if pool not in ("", "default", *POOLS):
+        raise BadRequestError(f"{what} must be one of {', '.join(POOLS)}, got {pool!r}")

@@ -1,7 +1,7 @@
 """The gRPC V2 protocol (Triton's `inference.GRPCInferenceService` messages) <-> numpy arrays and plain values.
 
-Every check of a request's inputs and outputs is the one the REST door uses (protocols/v2.py); only the
-protobuf framing is read and written here.
+Only the protobuf framing is read and written here: requests become the data plane's InferRequest (which it checks
+against the version it leases), its InferResponse becomes a ModelInferResponse.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from layerserve.errors import BadRequestError, PayloadTooLargeError
+from layerserve.messages import InferRequest, InferResponse
 from layerserve.protocols import v2
-from layerserve.serving.layers import LayerGraph
-from layerserve.tensors import Array, check_batch_sizes, datatype_of, dtype_of, parse_shape
+from layerserve.tensors import Array, datatype_of, dtype_of, parse_shape
 
 # The typed `contents` field of each datatype (FP16 and BF16 travel only as raw contents).
 _CONTENTS = {
@@ -71,9 +71,7 @@ def _from_contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, shape
     return wide.astype(dtype).reshape(shape)
 
 
-def _decode_inputs(
-    request: service_pb2.ModelInferRequest, graph: LayerGraph, encoded_input: str | None
-) -> dict[str, Array]:
+def _decode_inputs(request: service_pb2.ModelInferRequest, check: v2.CheckDeclared | None) -> dict[str, Array]:
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise BadRequestError(
@@ -86,7 +84,8 @@ def _decode_inputs(
         v2.check_parameters(parameters_of(tensor.parameters), what)
         shape = parse_shape(list(tensor.shape), what)
         dtype_of(tensor.datatype, what)
-        v2.check_input(tensor.name, tensor.datatype, shape, graph, encoded_input)
+        if check is not None:
+            check(tensor.name, tensor.datatype, shape)
         if tensor.name in inputs:
             raise BadRequestError(f"{what} is given twice")
         inputs[tensor.name] = (
@@ -106,10 +105,9 @@ def _timeout_ms(parameters: dict[str, Any]) -> int | None:
     return timeout_ms
 
 
-def parse_model_infer(
-    request: service_pb2.ModelInferRequest, graph: LayerGraph, encoded_input: str | None
-) -> v2.InferRequest:
-    """A ModelInferRequest checked against a version's graph, as the REST door's InferRequest.
+def parse_model_infer(request: service_pb2.ModelInferRequest, check: v2.CheckDeclared | None = None) -> InferRequest:
+    """A ModelInferRequest as the data plane's InferRequest (which the data plane checks against its version;
+    `check` sees each input's name, datatype and shape before its data is read).
 
     Inputs come as raw_input_contents (every one) or typed contents; BYTES raw data has 4-byte length prefixes.
 
@@ -118,57 +116,43 @@ def parse_model_infer(
     """
     if not request.inputs:
         raise BadRequestError("'inputs' must be a non-empty list")
-    inputs = _decode_inputs(request, graph, encoded_input)
-    v2.check_model_inputs(inputs, graph)
-    check_batch_sizes(inputs)
-    outputs = [
-        v2.requested_output(o.name, v2.check_parameters(parameters_of(o.parameters), f"output '{o.name}'"), graph)
+    inputs = _decode_inputs(request, check)
+    outputs = tuple(
+        v2.requested_output(o.name, v2.check_parameters(parameters_of(o.parameters), f"output '{o.name}'"))
         for o in request.outputs
-    ]
-    v2.check_unique_outputs(outputs)
+    )
     parameters = v2.check_parameters(parameters_of(request.parameters), "request")
-    return v2.InferRequest(
-        id=request.id or None,
+    return InferRequest(
+        model=request.model_name,
         inputs=inputs,
-        outputs=tuple(outputs),
-        binary_output=True,
+        outputs=outputs,
+        version=v2.parse_version_number(request.model_version),
+        id=request.id or None,
         timeout_ms=_timeout_ms(parameters),
         use_cache=parameters.get("cache", True) is not False,
+        binary_output=True,
     )
 
 
-def encode_model_infer(
-    model_name: str,
-    model_version: int,
-    request: v2.InferRequest,
-    outputs: dict[str, Array],
-    labels: list[str] | None = None,
-    labelled_output: str | None = None,
-    max_bytes: int | None = None,
-) -> service_pb2.ModelInferResponse:
+def encode_model_infer(response: InferResponse, max_bytes: int | None = None) -> service_pb2.ModelInferResponse:
     """A ModelInferResponse: every output in `raw_output_contents`, in the order of the requested outputs.
 
     Raises:
         PayloadTooLargeError: the outputs hold more than `max_bytes` (the message size limit).
     """
-    response = service_pb2.ModelInferResponse(
-        model_name=model_name, model_version=str(model_version), id=request.id or ""
+    answer = service_pb2.ModelInferResponse(
+        model_name=response.model, model_version=str(response.version), id=response.id or ""
     )
-    for wanted, array in v2.response_arrays(request, outputs, labels, labelled_output):
-        datatype = datatype_of(array.dtype)
-        response.outputs.add(name=wanted.name, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(
-            v2.encode_bytes_elements(array)
-            if datatype == "BYTES"
-            else np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-        )
-    size = sum(len(raw) for raw in response.raw_output_contents)
+    for name, array in response.outputs.items():
+        answer.outputs.add(name=name, datatype=datatype_of(array.dtype), shape=array.shape)
+        answer.raw_output_contents.append(v2.tensor_bytes(array))
+    size = sum(len(raw) for raw in answer.raw_output_contents)
     if max_bytes is not None and size > max_bytes:
         raise PayloadTooLargeError(
             f"the answer holds {size} bytes of outputs, over the message size limit of {max_bytes} bytes "
             "(max_body_bytes): ask for fewer rows or outputs"
         )
-    return response
+    return answer
 
 
 def model_metadata(metadata: dict[str, Any]) -> service_pb2.ModelMetadataResponse:

@@ -12,9 +12,9 @@ import orjson
 
 from layerserve.errors import BadRequestError
 from layerserve.lifecycle.model import Signature
-from layerserve.protocols.v2 import check_model_inputs, load_json_object
+from layerserve.protocols.v2 import load_json_object
 from layerserve.serving.layers import LayerGraph
-from layerserve.tensors import Array, TensorSpec, array_from_json, check_against_spec, check_batch_sizes
+from layerserve.tensors import Array, TensorSpec, array_from_json
 
 _TF_DTYPES = {
     "BOOL": "DT_BOOL",
@@ -97,7 +97,6 @@ def _to_array(value: Any, spec: TensorSpec, may_be_encoded: bool = False) -> Arr
         except (ValueError, TypeError):
             raise BadRequestError(f"{what}: data must be a (nested) list of numbers of one shape") from None
         array = array_from_json(value, spec.dtype, what).reshape(shaped.shape)
-    check_against_spec(spec, spec.datatype, array.shape)
     return array
 
 
@@ -143,13 +142,11 @@ def _rows_to_columns(instances: list[Any], signature: Signature) -> dict[str, li
     return columns
 
 
-def _output_filter(raw: Any, graph: LayerGraph) -> tuple[str, ...]:
+def _output_filter(raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw) or len(set(raw)) != len(raw):
         raise BadRequestError("'output_filter' must be a list of distinct output or layer names")
-    for name in raw:
-        graph.spec(name, "output")
     return tuple(raw)
 
 
@@ -185,9 +182,7 @@ def parse_predict_request(body: bytes, graph: LayerGraph, encoded_input: str | N
     arrays = {
         name: _to_array(value, graph.spec(name, "input"), name == encoded_input) for name, value in columns.items()
     }
-    check_model_inputs(arrays, graph)
-    check_batch_sizes(arrays)
-    outputs = _output_filter(request.get("output_filter"), graph)
+    outputs = _output_filter(request.get("output_filter"))
     return PredictRequest(arrays, outputs, is_row_format="instances" in request)
 
 

@@ -12,9 +12,9 @@ from layerserve.errors import BadRequestError
 from layerserve.features.labels import top_k
 from layerserve.lifecycle.model import Signature
 from layerserve.protocols.tfserving import bytes_array, check_signature_name, decode_b64
-from layerserve.protocols.v2 import check_model_inputs, load_json_object
+from layerserve.protocols.v2 import load_json_object
 from layerserve.serving.layers import LayerGraph
-from layerserve.tensors import Array, TensorSpec, array_from_json, check_against_spec
+from layerserve.tensors import Array, TensorSpec, array_from_json
 
 _REGRESSION_SHAPES = ((-1,), (-1, 1))
 
@@ -37,12 +37,10 @@ def parse_examples_request(body: bytes, graph: LayerGraph, encoded_input: str | 
     context = request.get("context", {})
     if not isinstance(context, dict):
         raise BadRequestError("'context' must be an object of the features every example shares")
-    arrays = {
+    return {
         name: _feature_array(values, graph.spec(name, "input"), name == encoded_input)
         for name, values in _feature_columns(examples, context).items()
     }
-    check_model_inputs(arrays, graph)
-    return arrays
 
 
 def _feature_columns(examples: list[dict[str, Any]], context: dict[str, Any]) -> dict[str, list[Any]]:
@@ -79,7 +77,6 @@ def _feature_array(values: list[Any], spec: TensorSpec, may_be_encoded: bool) ->
     except ValueError:
         shapes = sorted({str(list(row.shape)) for row in rows})
         raise BadRequestError(f"{what}: the examples disagree on its shape: {', '.join(shapes)}") from None
-    check_against_spec(spec, spec.datatype, array.shape)
     return array
 
 

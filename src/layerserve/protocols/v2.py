@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import math
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import orjson
 
 from layerserve.errors import BadRequestError
-from layerserve.features.labels import top_k
-from layerserve.serving.layers import LayerGraph
+from layerserve.messages import InferRequest, InferResponse, RequestedOutput
 from layerserve.tensors import (
     Array,
-    TensorSpec,
     array_from_json,
-    check_against_spec,
-    check_batch_sizes,
     datatype_of,
     dtype_of,
     parse_shape,
@@ -29,27 +22,6 @@ from layerserve.tensors import (
 
 HEADER_LENGTH = "inference-header-content-length"
 _U32 = struct.Struct("<I")
-
-
-@dataclass(frozen=True)
-class RequestedOutput:
-    """An output the client asked for: as binary data (None: request default), as top-k classes."""
-
-    name: str
-    binary: bool | None
-    classification: int | None = None
-
-
-@dataclass(frozen=True)
-class InferRequest:
-    """A parsed infer request: validated input arrays by name and the outputs to return."""
-
-    id: str | None
-    inputs: dict[str, Array]
-    outputs: tuple[RequestedOutput, ...]
-    binary_output: bool
-    timeout_ms: int | None = None
-    use_cache: bool = True
 
 
 def parse_version_number(raw: str | None) -> int | None:
@@ -173,9 +145,11 @@ def decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) 
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
 
 
-def _decode_input(
-    item: Any, binary: bytes, offset: int, graph: LayerGraph, encoded_input: str | None
-) -> tuple[str, Array, int]:
+CheckDeclared = Callable[[str, str, tuple[int, ...]], None]
+
+
+def _decode_input(item: Any, binary: bytes, offset: int, check: CheckDeclared | None) -> tuple[str, Array, int, bool]:
+    """One entry of 'inputs': its name, array, the offset past its binary data, and whether it came as JSON."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise BadRequestError("each entry of 'inputs' must be an object with a string 'name'")
     name = item["name"]
@@ -184,52 +158,19 @@ def _decode_input(
     shape = parse_shape(item.get("shape"), what)
     datatype = item.get("datatype")
     dtype = dtype_of(datatype, what)
-    spec = check_input(name, str(datatype), shape, graph, encoded_input)
+    if check is not None:
+        check(name, str(datatype), shape)
     size = parameters.get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0 or offset + size > len(binary):
             raise BadRequestError(f"{what}: binary_data_size {size!r} runs past the binary data")
-        return name, decode_binary(binary[offset : offset + size], str(datatype), shape, what), offset + size
+        return name, decode_binary(binary[offset : offset + size], str(datatype), shape, what), offset + size, False
     if "data" not in item:
         raise BadRequestError(f"{what}: needs 'data' or a binary_data_size parameter")
-    array = reshape_checked(array_from_json(item["data"], dtype, what), shape, what)
-    if name == encoded_input and datatype == "BYTES" and spec.datatype != "INT32":
-        array = _base64_elements(array, what)  # images; texts (INT32 token inputs) come as plain strings
-    return name, array, offset
+    return name, reshape_checked(array_from_json(item["data"], dtype, what), shape, what), offset, True
 
 
-def check_input(
-    name: str, datatype: str, shape: tuple[int, ...], graph: LayerGraph, encoded_input: str | None
-) -> TensorSpec:
-    """Check one named input (a model input or a cut layer) against the version's graph; returns its spec.
-
-    `encoded_input` (an image or text model's input) may also come as BYTES of shape [N] or [N, 1].
-
-    Raises:
-        BadRequestError: no input or layer of that name, or the datatype or shape does not fit.
-    """
-    what = f"input '{name}'"
-    spec = graph.spec(name, "input")
-    if name == encoded_input and datatype == "BYTES":
-        if len(shape) not in (1, 2) or shape[0] < 1 or math.prod(shape) != shape[0]:
-            raise BadRequestError(f"{what}: encoded images need shape [N] or [N, 1], got {list(shape)}")
-    else:
-        check_against_spec(spec, datatype, shape)
-    return spec
-
-
-def _base64_elements(array: Array, what: str) -> Array:
-    """JSON cannot carry raw bytes: encoded images in JSON data are base64 strings."""
-    decoded = np.empty(array.shape, dtype=object)
-    try:
-        for index, element in np.ndenumerate(array):
-            decoded[index] = base64.b64decode(element, validate=True)
-    except binascii.Error:
-        raise BadRequestError(f"{what}: encoded images in JSON data must be base64 strings") from None
-    return decoded
-
-
-def _requested_outputs(raw: Any, graph: LayerGraph) -> tuple[RequestedOutput, ...]:
+def _requested_outputs(raw: Any) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -238,18 +179,16 @@ def _requested_outputs(raw: Any, graph: LayerGraph) -> tuple[RequestedOutput, ..
     for item in raw:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise BadRequestError("each entry of 'outputs' must be an object with a string 'name'")
-        requested.append(requested_output(item["name"], _parameters(item, f"output '{item['name']}'"), graph))
-    check_unique_outputs(requested)
+        requested.append(requested_output(item["name"], _parameters(item, f"output '{item['name']}'")))
     return tuple(requested)
 
 
-def requested_output(name: str, parameters: dict[str, Any], graph: LayerGraph) -> RequestedOutput:
-    """One requested output (a model output or any layer) with its binary_data and classification parameters.
+def requested_output(name: str, parameters: dict[str, Any]) -> RequestedOutput:
+    """One requested output with its binary_data and classification parameters.
 
     Raises:
-        BadRequestError: no output or layer of that name, or classification is not a positive integer.
+        BadRequestError: classification is not a positive integer.
     """
-    graph.spec(name, "output")
     binary = parameters.get("binary_data")
     classes = parameters.get("classification")
     if classes is not None and (type(classes) is not int or classes < 1):
@@ -257,20 +196,18 @@ def requested_output(name: str, parameters: dict[str, Any], graph: LayerGraph) -
     return RequestedOutput(name, None if binary is None else bool(binary), classes)
 
 
-def check_unique_outputs(requested: list[RequestedOutput]) -> None:
-    """Raises BadRequestError when an output is requested twice."""
-    names = [output.name for output in requested]
-    if len(set(names)) != len(names):
-        raise BadRequestError(f"output names must be unique, got {names}")
-
-
 def parse_infer_request(
-    body: bytes, header_length: str | None, graph: LayerGraph, encoded_input: str | None = None
+    body: bytes,
+    header_length: str | None,
+    model: str = "",
+    version: int | None = None,
+    check: CheckDeclared | None = None,
 ) -> InferRequest:
-    """Parse and validate a V2 infer request (JSON, or JSON + binary tensor data) against a version's graph.
+    """A V2 infer request (JSON, or JSON + binary tensor data) for `model` as the data plane's InferRequest.
 
-    Inputs and outputs may name any layer (cuts and layer outputs); with only model inputs, all are needed.
-    `encoded_input` (an image model's input) may also come as BYTES: encoded images, base64 in JSON.
+    BYTES data in JSON comes as strings (`base64_inputs` names those inputs: encoded images there are base64).
+    The data plane checks the request against its version; `check` (RequestChecks.declared) sees each input's
+    name, datatype and shape before its data is read.
 
     Raises:
         BadRequestError: naming the bad field or input and what was expected.
@@ -281,23 +218,27 @@ def parse_infer_request(
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequestError("'inputs' must be a non-empty list")
     inputs: dict[str, Array] = {}
+    as_text: set[str] = set()
     offset = 0
     for item in raw_inputs:
-        name, array, offset = _decode_input(item, binary, offset, graph, encoded_input)
+        name, array, offset, is_json = _decode_input(item, binary, offset, check)
         if name in inputs:
             raise BadRequestError(f"input '{name}' is given twice")
         inputs[name] = array
-    check_model_inputs(inputs, graph)
-    check_batch_sizes(inputs)
+        if is_json and array.dtype == object:
+            as_text.add(name)
     request_id = request.get("id")
     parameters = _parameters(request, "request")
     return InferRequest(
-        id=None if request_id is None else str(request_id),
+        model=model,
         inputs=inputs,
-        outputs=_requested_outputs(request.get("outputs"), graph),
-        binary_output=bool(parameters.get("binary_data_output", False)),
+        outputs=_requested_outputs(request.get("outputs")),
+        version=version,
+        id=None if request_id is None else str(request_id),
         timeout_ms=timeout_ms_parameter(parameters),
         use_cache=parameters.get("cache", True) is not False,
+        binary_output=bool(parameters.get("binary_data_output", False)),
+        base64_inputs=frozenset(as_text),
     )
 
 
@@ -311,19 +252,6 @@ def timeout_ms_parameter(parameters: dict[str, Any]) -> int | None:
     if timeout is not None and (type(timeout) is not int or timeout < 1):
         raise BadRequestError(f"parameter timeout_ms must be a positive integer (milliseconds), got {timeout!r}")
     return timeout
-
-
-def check_model_inputs(inputs: dict[str, Array], graph: LayerGraph) -> None:
-    """A request that names only model inputs must give all of them (cuts are checked by the graph).
-
-    Raises:
-        BadRequestError: naming the missing inputs.
-    """
-    model_inputs = [spec.name for spec in graph.signature.inputs]
-    if set(inputs) <= set(model_inputs):
-        missing = [name for name in model_inputs if name not in inputs]
-        if missing:
-            raise BadRequestError(f"missing input(s): {', '.join(missing)}")
 
 
 def encode_bytes_elements(array: Array) -> bytes:
@@ -342,73 +270,41 @@ def _json_data(array: Array) -> Any:
     return np.ascontiguousarray(array.reshape(-1))
 
 
-def classification_strings(scores: Array, labels: list[str] | None, k: int) -> Array:
-    """The classification extension's BYTES tensor: per row, the k best as `score:index[:label]` (a label only
-    where `labels` names that index)."""
-    count = len(labels) if labels else 0
-    rows = []
-    for row in top_k(scores, labels, k):
-        rows.append([f"{c['score']:f}:{c['index']}" + (f":{c['label']}" if c["index"] < count else "") for c in row])
-    strings = np.empty((len(rows), len(rows[0]) if rows else 0), dtype=object)
-    strings[:] = [[text.encode("utf-8") for text in row] for row in rows]
-    return strings
+def is_binary(request: InferRequest, name: str) -> bool:
+    """Whether output `name` goes as binary data: its own `binary_data` parameter, else the request's default."""
+    for wanted in request.requested:
+        if wanted.name == name and wanted.binary is not None:
+            return wanted.binary
+    return request.binary_output
 
 
-def response_arrays(
-    request: InferRequest, outputs: dict[str, Array], labels: list[str] | None, labelled_output: str | None
-) -> list[tuple[RequestedOutput, Array]]:
-    """The arrays to answer, in the order of the requested outputs (all outputs if none was named), each
-    requested classification made into its BYTES tensor."""
-    requested = request.outputs or tuple(RequestedOutput(name, None) for name in outputs)
-    answer = []
-    for wanted in requested:
-        array = outputs[wanted.name]
-        if wanted.classification is not None:
-            own_labels = labels if wanted.name == labelled_output else None
-            array = classification_strings(array, own_labels, wanted.classification)
-        answer.append((wanted, array))
-    return answer
+def tensor_bytes(array: Array) -> bytes:
+    """One tensor's binary data: little-endian values, or length-prefixed BYTES elements."""
+    if array.dtype.kind in "OSU":
+        return encode_bytes_elements(array)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
-def encode_infer_response(
-    model_name: str,
-    model_version: int,
-    request: InferRequest,
-    outputs: dict[str, Array],
-    labels: list[str] | None = None,
-    labelled_output: str | None = None,
-) -> tuple[bytes, int | None]:
-    """Encode a V2 response; returns the body and the JSON header's length when binary data follows.
-
-    `labels` name the classes of `labelled_output` only (the model's classify output): the classification of
-    any other output or layer is Triton's plain `score:index`.
-    """
+def encode_infer_response(request: InferRequest, response: InferResponse) -> tuple[bytes, int | None]:
+    """Encode a V2 response; returns the body and the JSON header's length when binary data follows."""
     entries, tails = [], []
-    for wanted, array in response_arrays(request, outputs, labels, labelled_output):
-        entry: dict[str, Any] = {
-            "name": wanted.name,
-            "datatype": datatype_of(array.dtype),
-            "shape": list(array.shape),
-        }
-        if request.binary_output if wanted.binary is None else wanted.binary:
-            raw = (
-                encode_bytes_elements(array)
-                if entry["datatype"] == "BYTES"
-                else np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-            )
+    for name, array in response.outputs.items():
+        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
+        if is_binary(request, name):
+            raw = tensor_bytes(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             tails.append(raw)
         else:
             entry["data"] = _json_data(array)
         entries.append(entry)
-    response: dict[str, Any] = {
-        "model_name": model_name,
-        "model_version": str(model_version),
+    answer: dict[str, Any] = {
+        "model_name": response.model,
+        "model_version": str(response.version),
         "outputs": entries,
     }
-    if request.id is not None:
-        response["id"] = request.id
-    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if response.id is not None:
+        answer["id"] = response.id
+    header = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
     if not tails:
         return header, None
     return header + b"".join(tails), len(header)

@@ -1,18 +1,42 @@
-"""BatcherTable: a version's batchers, one per (input names, outputs, non-batch shapes), and its batching settings."""
+"""BatcherTable: a version's batchers, one per (input names, outputs, non-batch shapes), and its BatchingPlan."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
+from layerserve.lifecycle.model import Signature
 from layerserve.serving.batcher import Batcher, QueueBudget
 from layerserve.serving.statistics import VersionStatistics
+from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
 
 _MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
 
 RunNamed = Callable[[dict[str, Array], tuple[str, ...]], dict[str, Array]]
+
+
+@dataclass(frozen=True)
+class BatchingPlan:
+    """A version's batching settings in force; `inline`: its full-model batches are fast enough to run on the
+    event loop (decided by the warm-up)."""
+
+    max_batch_size: int = 1
+    max_delay_s: float = 0.0
+    max_queue_size: int = 1
+    inline: bool = False
+
+    @classmethod
+    def of(cls, config: ModelConfig, settings: Settings, signature: Signature) -> BatchingPlan:
+        """The model's own settings over the server's; a model without a batch dimension runs one at a time."""
+        is_batchable = all(spec.shape and spec.shape[0] == -1 for spec in signature.inputs)
+        return cls(
+            (config.max_batch_size or settings.max_batch_size) if is_batchable else 1,
+            (settings.max_delay_ms if config.max_delay_ms is None else config.max_delay_ms) / 1000,
+            config.max_queue_size or settings.max_queue_size,
+        )
 
 
 class BatcherTable:
@@ -24,9 +48,7 @@ class BatcherTable:
         self,
         run: RunNamed,
         thread: Executor,
-        max_batch_size: int,
-        max_delay_s: float,
-        max_queue_size: int,
+        plan: BatchingPlan,
         timeout_ms: int,
         labels: tuple[str, str],
         statistics: VersionStatistics,
@@ -34,9 +56,9 @@ class BatcherTable:
     ) -> None:
         self._run = run
         self._thread = thread
-        self._max_batch_size = max_batch_size
-        self._max_delay_s = max_delay_s
-        self._budget = QueueBudget(max_queue_size)
+        self._max_batch_size = plan.max_batch_size
+        self._max_delay_s = plan.max_delay_s
+        self._budget = QueueBudget(plan.max_queue_size)
         self._timeout_ms = timeout_ms
         self._labels = labels
         self._statistics = statistics

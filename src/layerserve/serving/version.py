@@ -1,11 +1,11 @@
-"""ModelVersion: one loaded version of a model, its engine, batchers and model thread."""
+"""ModelVersion: one version of a model in its life (LOADING, READY, FAILED): what it serves with (see
+load_version), its batchers and model thread, the requests that hold it, and its answers to checked requests."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -13,26 +13,23 @@ from pathlib import Path
 
 import numpy as np
 
-from layerserve.engines.base import Engine, EngineKind, Verdict, onnx_cache_path, probe_batch
-from layerserve.engines.choice import choose_engine
-from layerserve.engines.keras import KerasEngine
+from layerserve.engines.base import Engine
 from layerserve.engines.process.pool import EngineProcessPool
-from layerserve.errors import (
-    BadRequestError,
-    EngineProcessError,
-    LayerserveError,
-    NotReadyError,
-)
+from layerserve.errors import LayerserveError, NotReadyError
 from layerserve.features.cache import FeatureCache
 from layerserve.features.images import ImageDecoder, ImageSpec
 from layerserve.features.pooling import pool_features
-from layerserve.lifecycle.model import Signature, find_model_file, read_signature
-from layerserve.lifecycle.prepare import ModelSource, Preparer
+from layerserve.lifecycle.model import Signature
+from layerserve.lifecycle.prepare import Preparer
 from layerserve.metrics import MODEL_LOAD_SECONDS, set_model_state
-from layerserve.serving.batchers import BatcherTable
+from layerserve.serving.batchers import BatcherTable, BatchingPlan
 from layerserve.serving.cuts import CutCache
 from layerserve.serving.input_codec import InputCodec
 from layerserve.serving.layers import LayerGraph
+from layerserve.serving.loading import load_version
+from layerserve.serving.read_through import read_through
+from layerserve.serving.request_checks import RequestChecks
+from layerserve.serving.routing import VersionRouter
 from layerserve.serving.statistics import VersionStatistics
 from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
@@ -51,7 +48,7 @@ class VersionState(StrEnum):
 
 @dataclass
 class ModelVersion:
-    """One version of a model: its Keras model, signature, engine and the thread that runs it."""
+    """One version of a model: its state, what it serves with once loaded, and the requests that hold it."""
 
     name: str
     version: int
@@ -62,24 +59,21 @@ class ModelVersion:
     reason: str = ""
     signature: Signature = field(default_factory=lambda: Signature((), ()))
     graph: LayerGraph = field(default_factory=lambda: LayerGraph(Signature((), ())))
-    engine: Engine | None = None
     cuts: CutCache | None = None
     codec: InputCodec | None = None
+    checks: RequestChecks = field(default_factory=lambda: RequestChecks(LayerGraph(Signature((), ()))))
     cache: FeatureCache | None = None
-    _model_digest: str = ""
     engine_reason: str = ""
     layer_count: int = 0
     load_seconds: float = 0.0
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
+    _model_digest: str = ""
+    _plan: BatchingPlan = field(default_factory=BatchingPlan)
+    _router: VersionRouter | None = None
     _thread: ThreadPoolExecutor | None = None
     _batchers: BatcherTable | None = None
-    _max_batch_size: int = 1
-    _max_delay_s: float = 0.0
-    _max_queue_size: int = 1
-    _is_fast: bool = False
     _in_flight: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
-    _index_ranges: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def is_ready(self) -> bool:
@@ -112,87 +106,37 @@ class ModelVersion:
         set_model_state(self.name, self.version, self.state)
 
     def _load(self, settings: Settings, exporter: Executor, preparer: Preparer, processes: EngineProcessPool) -> None:
-        model_file = find_model_file(self.path)
-        source = ModelSource(model_file, processes.digest(model_file), settings.trust_models)
-        self._model_digest = source.digest
-        cache_file = onnx_cache_path(settings.engine_cache_dir, source.digest)
-        engine_choice = self.config.engine or settings.engine
-        loaded: KerasEngine | None = None
-        if EngineKind(engine_choice) is EngineKind.KERAS:
-            verdict = Verdict(None, "engine=keras was requested")
-            loaded = self._load_keras(source)
-        else:
-            prepared = preparer.model(source, cache_file, self.config.warmup_batch_size)
-            verdict, self.signature = prepared.verdict, prepared.signature
-            self.graph = LayerGraph.from_table(
-                self.signature, prepared.layers, prepared.unavailable_reason, source.load
-            )
-            self.layer_count = prepared.layer_count
-        self.codec = InputCodec.read(self.name, self.config, self.graph, self.path)
-        choice = choose_engine(
-            verdict, engine_choice, cache_file, self.signature.inputs, settings.verify_atol,
-            settings.intra_op_threads, keras_engine=lambda: loaded or self._load_keras(source),
-            processes=processes,
-            warmup_rows=self.config.warmup_batch_size,
-        )  # fmt: skip
-        self.engine, self.engine_reason = choice.engine, choice.reason
-        self._index_ranges = self.graph.index_ranges()
-        self._configure_batching(settings)
-        self._is_fast = self._warm_up(settings.inline_max_ms / 1000)
-        cut_settings = settings.model_copy(update={"engine": engine_choice})
-        self.cuts = CutCache(self.graph, source, cut_settings, exporter, preparer)
+        loaded = load_version(self.name, self.path, self.config, settings, exporter, preparer, processes)
+        self.signature, self.graph, self.layer_count = loaded.signature, loaded.graph, loaded.layer_count
+        self.codec, self.checks, self.cuts = loaded.codec, loaded.checks, loaded.cuts
+        self.engine_reason, self._model_digest, self._plan = loaded.engine_reason, loaded.model_digest, loaded.plan
+        self._router = VersionRouter(loaded.engine, loaded.cuts, loaded.graph, self._fail)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
+        router, inline = self._router, loaded.plan.inline
         self._batchers = BatcherTable(
-            self._run, self._thread, self._max_batch_size, self._max_delay_s, self._max_queue_size,
-            settings.request_timeout_ms, (self.name, str(self.version)), self.statistics,
-            is_inline=lambda names, wanted: self._is_fast and self.graph.is_full_model(names, wanted),
+            router.run, self._thread, loaded.plan, settings.request_timeout_ms, (self.name, str(self.version)),
+            self.statistics, is_inline=lambda names, wanted: inline and router.is_full_model(names, wanted),
         )  # fmt: skip
 
-    def _load_keras(self, source: ModelSource) -> KerasEngine:
-        """Load the Keras model here (the fallback when ONNX cannot serve it) and compile its call."""
-        model = source.load()
-        self.signature = read_signature(model)
-        self.graph = LayerGraph(self.signature, model)
-        self.layer_count = len(getattr(model, "layers", []))
-        return KerasEngine(model, self.signature.inputs)
+    @property
+    def engine(self) -> Engine | None:
+        """The full model's engine once loaded (ONNX Runtime, here or in an engine process, or Keras)."""
+        return self._router.engine if self._router else None
 
-    def _configure_batching(self, settings: Settings) -> None:
-        config = self.config
-        is_batchable = all(spec.shape and spec.shape[0] == -1 for spec in self.signature.inputs)
-        self._max_batch_size = (config.max_batch_size or settings.max_batch_size) if is_batchable else 1
-        self._max_delay_s = (settings.max_delay_ms if config.max_delay_ms is None else config.max_delay_ms) / 1000
-        self._max_queue_size = config.max_queue_size or settings.max_queue_size
-
-    def _warm_up(self, inline_limit_s: float) -> bool:
-        """Run the warm-up batch, then tell whether a full batch takes under `inline_limit_s` (best of three),
-        so that batches may run on the event loop.
-
-        One call with one row decides for slow models without three full batches, which on a big model
-        would take the cores from the models that serve during a reload.
-        """
-        assert self.engine is not None
-        if not self.engine.in_process:
-            return False  # warmed up in its process when opened; its calls wait on it, never on the event loop
-        inputs = self.signature.inputs
-        self.engine.run(probe_batch(inputs, self.config.warmup_batch_size))
-        for rows, tries in ((1, 1), (self._max_batch_size, 3)):
-            batch, fastest = probe_batch(inputs, rows), float("inf")  # a full image batch costs ~0.1 s to draw
-            for _ in range(tries):
-                started = time.perf_counter()
-                self.engine.run(batch)
-                fastest = min(fastest, time.perf_counter() - started)
-            if fastest >= inline_limit_s:
-                return False
-        return True
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        assert self._router is not None, "only a loaded version has an engine"
+        self._router.engine = engine
 
     def batching(self) -> dict[str, object]:
         """The batching settings in force, for metadata."""
+        plan = self._plan
         return {
-            "max_batch_size": self._max_batch_size,
-            "max_delay_ms": self._max_delay_s * 1000,
-            "max_queue_size": self._max_queue_size,
+            "max_batch_size": plan.max_batch_size,
+            "max_delay_ms": plan.max_delay_s * 1000,
+            "max_queue_size": plan.max_queue_size,
             "queued": self._batchers.queued if self._batchers else 0,
-            "inline": self._is_fast,
+            "inline": plan.inline,
         }
 
     @property
@@ -249,7 +193,8 @@ class ModelVersion:
         timeout_ms: int | None = None,
         use_cache: bool = True,
     ) -> dict[str, Array]:
-        """Answer one request: cached rows from the feature cache (when enabled), the rest computed.
+        """Answer one request, checked already (see RequestChecks): cached rows from the feature cache (when
+        enabled), the rest computed.
 
         With no `outputs`, the model's outputs are returned.
 
@@ -270,7 +215,6 @@ class ModelVersion:
     async def _predict(
         self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None, use_cache: bool
     ) -> dict[str, Array]:
-        self._check_indices(inputs)
         wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
         cache = self.cache if use_cache and self.config.cache else None
         if cache is None:
@@ -281,51 +225,8 @@ class ModelVersion:
             return [[computed[name][j] for name in wanted] for j in range(len(misses))]
 
         keys = cache.row_keys(self.name, self.version, self._model_digest, wanted, inputs)
-        rows = await self._read_through(cache, keys, len(wanted), compute)
+        rows = await read_through(cache, keys, len(wanted), compute, self.statistics, self.name)
         return {name: np.stack([row[k] for row in rows]) for k, name in enumerate(wanted)}
-
-    async def _read_through(
-        self,
-        cache: FeatureCache,
-        keys: list[str],
-        width: int,
-        compute: Callable[[list[int]], Awaitable[list[list[Array]]]],
-    ) -> list[list[Array]]:
-        """The one read-through path of the feature cache: each key's row of `width` arrays, from the cache, or
-        computed for the misses (`compute` gets their indices) and stored. Times hits and misses in the
-        statistics (a miss: its lookup and its store, not its compute)."""
-        started = time.perf_counter()
-        found = await cache.lookup(keys, width, self.name)
-        misses = [index for index, row in enumerate(found) if row is None]
-        if not misses:
-            self.statistics.cache_hit.add(time.perf_counter() - started)
-            return [row for row in found if row is not None]
-        looked_up = time.perf_counter() - started
-        fresh = await compute(misses)
-        stored_at = time.perf_counter()
-        await cache.store([keys[i] for i in misses], fresh, self.name)
-        self.statistics.cache_miss.add(looked_up + time.perf_counter() - stored_at)
-        rows = dict(zip(misses, fresh, strict=True))
-        return [row if row is not None else rows[index] for index, row in enumerate(found)]
-
-    def _check_indices(self, inputs: dict[str, Array]) -> None:
-        """Values that index an Embedding must lie in [0, its input_dim): checked before batching, so that one
-        bad request never reaches (and fails) a batch shared with others.
-
-        Raises:
-            BadRequestError: naming the input, the first bad position and value, and the valid range.
-        """
-        for name, (size, layer) in self._index_ranges.items():
-            array = inputs.get(name)
-            if array is None or array.dtype.kind not in "iuf" or array.size == 0:
-                continue
-            if array.min() >= 0 and array.max() < size:
-                continue
-            position = tuple(int(i) for i in np.argwhere((array < 0) | (array >= size) | np.isnan(array))[0])
-            raise BadRequestError(
-                f"input '{name}': value {array[position]} at position {list(position)} is out of range: it indexes "
-                f"Embedding '{layer}' of {size} rows, so values must be integers from 0 to {size - 1}"
-            )
 
     async def image_output(
         self, payloads: list[bytes], output: str, decoder: ImageDecoder, use_cache: bool = True, pool: str = ""
@@ -353,7 +254,8 @@ class ModelVersion:
 
         salt = f"{self._model_digest}:{self._codec().config_digest}:{pool}"
         keys = cache.encoded_keys(self.name, self.version, salt, output, payloads)
-        return np.stack([row[0] for row in await self._read_through(cache, keys, 1, compute_missing)])
+        rows = await read_through(cache, keys, 1, compute_missing, self.statistics, self.name)
+        return np.stack([row[0] for row in rows])
 
     async def _compute(
         self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None
@@ -390,22 +292,6 @@ class ModelVersion:
         if self._in_flight:
             await self._idle.wait()
 
-    def _run(self, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
-        """On the model thread: the full model's engine, or the cut for these names."""
-        assert self.engine is not None and self.cuts is not None
-        if self.graph.is_full_model(tuple(inputs), outputs):
-            try:
-                results = self.engine.run([inputs[spec.name] for spec in self.signature.inputs])
-            except EngineProcessError as error:
-                self._fail(error.message)
-                raise
-            by_name = {spec.name: array for spec, array in zip(self.signature.outputs, results, strict=True)}
-            return {name: by_name[name] for name in outputs}
-        cut = self.cuts.get(tuple(sorted(inputs)), tuple(sorted(set(outputs))))
-        results = cut.engine.run([inputs[name] for name in cut.inputs])
-        by_name = dict(zip(cut.outputs, results, strict=True))
-        return {name: by_name[name] for name in outputs}
-
     def _fail(self, reason: str) -> None:
         """FAILED with `reason`, loudly: it did not load, or its engine process is gone (until loaded again)."""
         self.state, self.reason = VersionState.FAILED, reason
@@ -419,8 +305,8 @@ class ModelVersion:
             self.cuts.close()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
-        if self.engine is not None:
-            self.engine.close()
-        self.engine = None
+        if self._router is not None:
+            self._router.engine.close()
+        self._router = None
         if self._batchers is not None:
             self._batchers.clear()

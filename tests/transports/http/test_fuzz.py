@@ -23,8 +23,10 @@ from schemathesis.checks import CHECKS, load_all_checks, not_a_server_error, pos
 from starlette.routing import Route
 
 from layerserve.lifecycle.model import Signature
+from layerserve.messages import InferResponse
 from layerserve.protocols.v2 import encode_infer_response, parse_infer_request
 from layerserve.serving.layers import LayerGraph
+from layerserve.serving.request_checks import RequestChecks
 from layerserve.settings import Settings
 from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
 from layerserve.transports.http.openapi import document
@@ -144,13 +146,13 @@ def _round_trip(array: np.ndarray, datatype: str, binary: bool) -> np.ndarray:
         )
         header = orjson.dumps({"inputs": [{"name": "t", "shape": shape, "datatype": datatype,
                                            "parameters": {"binary_data_size": len(raw)}}]})  # fmt: skip
-        request = parse_infer_request(header + raw, str(len(header)), graph)
+        request = parse_infer_request(header + raw, str(len(header)), "m")
     else:
         data = [e.decode("utf-8") for e in array.reshape(-1)] if datatype == "BYTES" else array.reshape(-1).tolist()
         body = orjson.dumps({"inputs": [{"name": "t", "shape": shape, "datatype": datatype, "data": data}]})
-        request = parse_infer_request(body, None, graph)
-    decoded = request.inputs["t"]
-    body, header_length = encode_infer_response("m", 1, request, {"t": decoded})
+        request = parse_infer_request(body, None, "m")
+    decoded = RequestChecks(graph).inputs(request.inputs, request.base64_inputs)["t"]
+    body, header_length = encode_infer_response(request, InferResponse("m", 1, {"t": decoded}))
     answer = json.loads(body[: header_length or len(body)])
     assert answer["outputs"][0]["shape"] == shape and answer["outputs"][0]["datatype"] == datatype
     return decoded

@@ -128,7 +128,7 @@ def test_an_internal_error_is_one_500_logged_once_and_the_connection_stays_usabl
     encode = v2.encode_infer_response
 
     def fail_on_request_id(*args: Any, **kwargs: Any) -> tuple[bytes, int | None]:
-        if args[2].id == "inject-fault":
+        if args[0].id == "inject-fault":
             raise RuntimeError("an injected fault with engine internals")
         return encode(*args, **kwargs)
 

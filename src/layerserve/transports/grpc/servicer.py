@@ -4,6 +4,7 @@ like the REST routes (protocols/grpc_v2.py does the protobuf)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -13,8 +14,8 @@ import orjson
 from tritonclient.grpc import service_pb2 as pb
 
 from layerserve import __version__
+from layerserve.dataplane import DataPlane
 from layerserve.errors import NotFoundError, NotReadyError
-from layerserve.features.images import ImageDecoder
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.protocols import grpc_v2, triton
 from layerserve.protocols.v2 import parse_version_number
@@ -30,12 +31,12 @@ _STREAM = "ModelStreamInfer"
 
 @dataclass(frozen=True)
 class ServingState:
-    """What the RPCs read: the registry, the reloader, the image decoder, the server's readiness and the largest
+    """What the RPCs read: the registry, the reloader, the data plane, the server's readiness and the largest
     message (request or answer) in bytes."""
 
     registry: ModelRegistry
     reloader: Reloader
-    decoder: ImageDecoder
+    data: DataPlane
     is_ready: Callable[[], bool]
     max_message_bytes: int
 
@@ -130,20 +131,12 @@ class InferenceServicer:
     async def _infer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         number = parse_version_number(request.model_version)
         async with self._registry.lease(request.model_name, number) as version:
-            parsed = grpc_v2.parse_model_infer(request, version.graph, version.encoded_input)
-            inputs = await version.decode_encoded(parsed.inputs, self._state.decoder)
-            requested = tuple(output.name for output in parsed.outputs)
+            parsed = grpc_v2.parse_model_infer(request, version.checks.declared)
             timeout_ms = _timeout_ms(parsed.timeout_ms, context)
-            outputs = await version.predict(inputs, requested, timeout_ms, parsed.use_cache)
-            return grpc_v2.encode_model_infer(
-                version.name,
-                version.version,
-                parsed,
-                outputs,
-                version.labels,
-                version.classify_output,
-                self._state.max_message_bytes,
-            )
+            if timeout_ms != parsed.timeout_ms:
+                parsed = dataclasses.replace(parsed, timeout_ms=timeout_ms)
+            answer = await self._state.data.infer_on(version, parsed)
+            return grpc_v2.encode_model_infer(answer, self._state.max_message_bytes)
 
     async def ModelStreamInfer(  # noqa: N802
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Context

@@ -109,7 +109,7 @@ async def _grpc_door(runtime: Runtime) -> AsyncIterator[None]:
         yield
         return
     state = ServingState(
-        runtime.registry, runtime.reloader, runtime.decoder, lambda: runtime.is_ready, settings.max_body_bytes
+        runtime.registry, runtime.reloader, runtime.data, lambda: runtime.is_ready, settings.max_body_bytes
     )
     door = GrpcDoor(settings, state)
     await door.start()

@@ -7,13 +7,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from layerserve.errors import BadRequestError
-from layerserve.features.feature_store import FeatureStore, StoredFeature, check_ids
-from layerserve.features.images import ImageDecoder
-from layerserve.features.labels import top_k
-from layerserve.features.pooling import POOLS, pool_features
+from layerserve.features.feature_store import FeatureStore
+from layerserve.features.pooling import check_pool
+from layerserve.messages import ClassifyRequest, FeaturesRequest
 from layerserve.protocols.v2 import load_json_object
-from layerserve.serving.registry import ModelRegistry, ModelVersion
-from layerserve.tensors import Array
+from layerserve.serving.registry import ModelVersion
 from layerserve.transports.http.bodies import (
     NPY_MEDIA_TYPE,
     JSONResponse,
@@ -40,61 +38,58 @@ def _query_int(request: Request, name: str, default: int | None) -> int | None:
     return int(raw)
 
 
-async def _output(request: Request, version: ModelVersion, output: str, pool: str) -> Array:
-    """One output's rows for the images or texts of the request body (pooled when `pool` is set)."""
+async def _items(request: Request, version: ModelVersion) -> list[bytes] | list[str]:
+    """The texts (a text model) or encoded images of the request body."""
     limit = request.app.state.runtime.settings.max_body_bytes
     if version.tokenizer is not None:
-        inputs = version.encode_texts(await read_texts(request, limit))
-        rows = (await version.predict(inputs, (output,), None, _use_cache(request)))[output]
-        return pool_features(rows, pool) if pool else rows
+        return await read_texts(request, limit)
     version.require_image()
-    decoder: ImageDecoder = request.app.state.runtime.decoder
-    return await version.image_output(await read_images(request, limit), output, decoder, _use_cache(request), pool)
+    return await read_images(request, limit)
 
 
 async def classify(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/classify: images or texts in, top-k labels out."""
-    registry: ModelRegistry = request.app.state.runtime.registry
-    async with registry.lease(request.path_params["model"], parse_version(request)) as version:
+    runtime = request.app.state.runtime
+    async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
         k = _query_int(request, "top_k", 5) or 5
-        scores = await _output(request, version, version.classify_output, "")
-        predictions = top_k(scores, version.labels, k)
+        items = await _items(request, version)
+        answer = await runtime.data.classify_on(
+            version, ClassifyRequest(version.name, items, k, version.version, _use_cache(request))
+        )
         return JSONResponse(
-            {"model_name": version.name, "model_version": str(version.version), "predictions": predictions}
+            {"model_name": answer.model, "model_version": str(answer.version), "predictions": answer.predictions}
         )
 
 
 async def features(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/features?layer=L[&pool=avg][&ids=a,b]: vectors out."""
-    registry: ModelRegistry = request.app.state.runtime.registry
-    store: FeatureStore = request.app.state.runtime.features
-    async with registry.lease(request.path_params["model"], parse_version(request)) as version:
+    runtime = request.app.state.runtime
+    layer = request.query_params.get("layer")
+    pool = request.query_params.get("pool") or "default"
+    ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
+    async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
         if version.tokenizer is None:
             version.require_image()
-        layer = request.query_params.get("layer")
         if not layer:
             raise BadRequestError("query 'layer' is required: the layer whose output is the feature vector")
         version.graph.spec(layer, "output")
-        pool = request.query_params.get("pool")
-        if pool is not None and pool not in POOLS:
-            raise BadRequestError(f"query 'pool' must be one of {', '.join(POOLS)}, got {pool!r}")
-        ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
-        vectors = await _output(request, version, layer, pool or "default")
-        if ids:
-            check_ids(ids, len(vectors))
-            stored = [StoredFeature(i, version.version, layer, v) for i, v in zip(ids, vectors, strict=True)]
-            await store.put_many(version.name, stored)
+        check_pool(pool, "query 'pool'")
+        items = await _items(request, version)
+        answer = await runtime.data.features_on(
+            version, FeaturesRequest(version.name, items, layer, pool, version.version, _use_cache(request), ids)
+        )
         if wants_npy(request):
-            return Response(npy_bytes(vectors), media_type=NPY_MEDIA_TYPE)
+            return Response(npy_bytes(answer.features), media_type=NPY_MEDIA_TYPE)
+        vectors = answer.features
         return JSONResponse(
-            {"model_name": version.name, "model_version": str(version.version), "layer": layer,
+            {"model_name": answer.model, "model_version": str(answer.version), "layer": layer,
              "datatype": str(vectors.dtype), "shape": list(vectors.shape), "features": vectors}
         )  # fmt: skip
 
 
 async def stored_feature(request: Request) -> Response:
     """GET /v2/models/{model}/features/{id}[?layer=L&version=V]: a stored vector, JSON or .npy."""
-    store: FeatureStore = request.app.state.runtime.features
+    store: FeatureStore = request.app.state.runtime.feature_store
     feature = await store.get(
         request.path_params["model"], request.path_params["feature_id"],
         _query_int(request, "version", None), request.query_params.get("layer"),
@@ -106,7 +101,7 @@ async def stored_feature(request: Request) -> Response:
 
 async def stored_features(request: Request) -> Response:
     """POST /v2/models/{model}/features/batch {"ids": [...], "layer"?, "version"?}: many stored vectors."""
-    store: FeatureStore = request.app.state.runtime.features
+    store: FeatureStore = request.app.state.runtime.feature_store
     body = load_json_object(
         await read_body(request, request.app.state.runtime.settings.max_body_bytes), "the request body"
     )

@@ -6,6 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from layerserve.messages import InferRequest, InferResponse
 from layerserve.protocols import tfserving, tfserving_examples
 from layerserve.serving.registry import ModelRegistry, ModelVersion, VersionState
 from layerserve.tensors import Array
@@ -42,11 +43,19 @@ def _status(version: ModelVersion) -> dict[str, object]:
     }
 
 
+async def _infer(
+    request: Request, version: ModelVersion, inputs: dict[str, Array], outputs: tuple[str, ...]
+) -> dict[str, Array]:
+    """The data plane's answer for the leased `version`: the outputs (all, if none is named) by name."""
+    asked = InferRequest(version.name, inputs, outputs, version.version)
+    answer: InferResponse = await request.app.state.runtime.data.infer_on(version, asked)
+    return answer.outputs
+
+
 async def _examples(request: Request, version: ModelVersion) -> dict[str, Array]:
-    """The inputs of a `:classify` or `:regress` body, texts tokenized and images decoded."""
+    """The inputs of a `:classify` or `:regress` body (texts and images still encoded)."""
     body = await read_body(request, request.app.state.runtime.settings.max_body_bytes)
-    inputs = tfserving_examples.parse_examples_request(body, version.graph, version.encoded_input)
-    return await version.decode_encoded(inputs, request.app.state.runtime.decoder)
+    return tfserving_examples.parse_examples_request(body, version.graph, version.encoded_input)
 
 
 async def model_status(request: Request) -> Response:
@@ -76,16 +85,15 @@ async def predict(request: Request) -> Response:
     body = await read_body(request, request.app.state.runtime.settings.max_body_bytes)
     async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
         parsed = tfserving.parse_predict_request(body, version.graph, version.encoded_input)
-        inputs = await version.decode_encoded(parsed.inputs, request.app.state.runtime.decoder)
-        outputs = await version.predict(inputs, parsed.outputs)
+        outputs = await _infer(request, version, parsed.inputs, parsed.outputs)
         return Response(tfserving.encode_predict_response(parsed, outputs), media_type="application/json")
 
 
 async def classify(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:classify: the classes of each example."""
     async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
-        inputs = await _examples(request, version)
-        scores = (await version.predict(inputs, (version.classify_output,)))[version.classify_output]
+        output = version.classify_output
+        scores = (await _infer(request, version, await _examples(request, version), (output,)))[output]
         return Response(
             tfserving_examples.encode_classifications(scores, version.labels), media_type="application/json"
         )
@@ -95,7 +103,7 @@ async def regress(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:regress: one value per example."""
     async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
         output = tfserving_examples.regression_output(version.signature)
-        values = (await version.predict(await _examples(request, version), (output,)))[output]
+        values = (await _infer(request, version, await _examples(request, version), (output,)))[output]
         return Response(tfserving_examples.encode_regressions(values), media_type="application/json")
 
 

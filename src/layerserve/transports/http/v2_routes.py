@@ -96,20 +96,15 @@ async def model_ready(request: Request) -> Response:
 
 async def infer(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/infer (JSON or binary tensor data)."""
-    body = await read_body(request, request.app.state.runtime.settings.max_body_bytes)
-    async with _registry(request).lease(request.path_params["model"], parse_version(request)) as version:
-        parsed = v2.parse_infer_request(
-            body, request.headers.get(v2.HEADER_LENGTH), version.graph, version.encoded_input
-        )
-        inputs = await version.decode_encoded(parsed.inputs, request.app.state.runtime.decoder)
-        requested = tuple(output.name for output in parsed.outputs)
-        outputs = await version.predict(inputs, requested, parsed.timeout_ms, parsed.use_cache)
-        content, header_length = v2.encode_infer_response(
-            version.name, version.version, parsed, outputs, version.labels, version.classify_output
-        )
-        if header_length is None:
+    runtime = request.app.state.runtime
+    body = await read_body(request, runtime.settings.max_body_bytes)
+    async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
+        header_length = request.headers.get(v2.HEADER_LENGTH)
+        parsed = v2.parse_infer_request(body, header_length, version.name, version.version, version.checks.declared)
+        content, length = v2.encode_infer_response(parsed, await runtime.data.infer_on(version, parsed))
+        if length is None:
             return Response(content, media_type="application/json")
-        headers = {"Inference-Header-Content-Length": str(header_length)}
+        headers = {"Inference-Header-Content-Length": str(length)}
         return Response(content, media_type="application/octet-stream", headers=headers)
 
 

@@ -1,0 +1,113 @@
+"""The data plane's typed requests and answers: numpy arrays, images and texts, no wire format.
+
+Every transport translates its wire format (V2 JSON or binary, TF Serving JSON, gRPC protobuf, Python calls) into
+these and back; the data plane checks them against the version they lease and answers them (see DataPlane).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from layerserve.tensors import Array
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """An output asked for (a model output or any layer): as binary data (None: the request's default; a wire
+    detail the data plane passes through), as its `classification` best classes (Triton's extension)."""
+
+    name: str
+    binary: bool | None = None
+    classification: int | None = None
+
+
+def requested_outputs(outputs: Sequence[str | RequestedOutput]) -> tuple[RequestedOutput, ...]:
+    """Output names or RequestedOutputs as RequestedOutputs."""
+    return tuple(o if isinstance(o, RequestedOutput) else RequestedOutput(o) for o in outputs)
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """Named inputs (model inputs, or layers to cut at) in, named outputs out.
+
+    `inputs` are arrays (a list takes its tensor's datatype); an image or text model's first input may also be
+    a BYTES array of encoded images or UTF-8 texts. `base64_inputs` names the BYTES inputs whose elements came
+    as text on the wire (JSON): encoded images there are base64. `outputs` may be names; none: the model's.
+    """
+
+    model: str
+    inputs: Mapping[str, Any]
+    outputs: Sequence[str | RequestedOutput] = ()
+    version: int | None = None
+    id: str | None = None
+    timeout_ms: int | None = None
+    use_cache: bool = True
+    binary_output: bool = False
+    base64_inputs: frozenset[str] = field(default_factory=frozenset)
+
+    _requested: tuple[RequestedOutput, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_requested", requested_outputs(self.outputs))
+
+    @property
+    def requested(self) -> tuple[RequestedOutput, ...]:
+        """The outputs asked for, as RequestedOutputs."""
+        return self._requested
+
+
+@dataclass(frozen=True)
+class InferResponse:
+    """The outputs of one infer request by name, in the order asked for (a classification as its BYTES tensor
+    of `score:index[:label]`), and the version that computed them."""
+
+    model: str
+    version: int
+    outputs: dict[str, Array]
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class ClassifyRequest:
+    """Encoded images (bytes) or texts (str) in; their `top_k` best classes out."""
+
+    model: str
+    items: Sequence[bytes | str]
+    top_k: int = 5
+    version: int | None = None
+    use_cache: bool = True
+
+
+@dataclass(frozen=True)
+class ClassifyResponse:
+    """Per item, its best classes as {label, index, score}, best first."""
+
+    model: str
+    version: int
+    predictions: list[list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class FeaturesRequest:
+    """Encoded images or texts in; one layer's output per item out, pooled per `pool` ("" keeps it whole), and
+    stored under `ids` (one per item) when given."""
+
+    model: str
+    items: Sequence[bytes | str]
+    layer: str
+    pool: str = ""
+    version: int | None = None
+    use_cache: bool = True
+    ids: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class FeaturesResponse:
+    """One row of `layer`'s output per item."""
+
+    model: str
+    version: int
+    layer: str
+    features: Array

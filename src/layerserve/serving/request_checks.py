@@ -1,0 +1,139 @@
+"""RequestChecks: the one place a request is checked against a version's signature and layer graph.
+
+Every transport's codec only translates; what it hands over is checked here, once, before anything is queued:
+input names, datatypes and shapes (model inputs or cut layers), that all model inputs are given, equal batch
+sizes, Embedding index ranges (so that one bad request never fails a batch shared with others), and the names
+of the outputs asked for.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import numpy as np
+
+from layerserve.errors import BadRequestError
+from layerserve.messages import RequestedOutput
+from layerserve.serving.layers import LayerGraph
+from layerserve.tensors import Array, TensorSpec, check_against_spec, check_batch_sizes, datatype_of
+
+
+def check_input(
+    name: str, datatype: str, shape: tuple[int, ...], graph: LayerGraph, encoded_input: str | None
+) -> TensorSpec:
+    """Check one named input (a model input or a cut layer) against the version's graph; returns its spec.
+
+    `encoded_input` (an image or text model's input) may also come as BYTES of shape [N] or [N, 1].
+
+    Raises:
+        BadRequestError: no input or layer of that name, or the datatype or shape does not fit.
+    """
+    spec = graph.spec(name, "input")
+    if name == encoded_input and datatype == "BYTES":
+        if len(shape) not in (1, 2) or shape[0] < 1 or math.prod(shape) != shape[0]:
+            raise BadRequestError(f"input '{name}': encoded images need shape [N] or [N, 1], got {list(shape)}")
+    else:
+        check_against_spec(spec, datatype, shape)
+    return spec
+
+
+def check_model_inputs(inputs: Collection[str], graph: LayerGraph) -> None:
+    """A request that names only model inputs must give all of them (cuts are checked by the graph).
+
+    Raises:
+        BadRequestError: naming the missing inputs.
+    """
+    model_inputs = [spec.name for spec in graph.signature.inputs]
+    if set(inputs) <= set(model_inputs):
+        missing = [name for name in model_inputs if name not in inputs]
+        if missing:
+            raise BadRequestError(f"missing input(s): {', '.join(missing)}")
+
+
+def _base64_elements(array: Array, what: str) -> Array:
+    decoded = np.empty(array.shape, dtype=object)
+    try:
+        for index, element in np.ndenumerate(array):
+            decoded[index] = base64.b64decode(element, validate=True)
+    except binascii.Error:
+        raise BadRequestError(f"{what}: encoded images in JSON data must be base64 strings") from None
+    return decoded
+
+
+class RequestChecks:
+    """The checks of one version (see the module docstring); built once when the version loads."""
+
+    def __init__(self, graph: LayerGraph, encoded_input: str | None = None, takes_images: bool = False) -> None:
+        self._graph = graph
+        self._encoded_input = encoded_input
+        self._takes_images = takes_images
+        self._index_ranges = graph.index_ranges()
+
+    def declared(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        """Check one input's declared name, datatype and shape before a codec reads its data (so that a request
+        of the wrong datatype is told so, not that its data has the wrong size).
+
+        Raises:
+            BadRequestError: as `check_input`.
+        """
+        check_input(name, datatype, shape, self._graph, self._encoded_input)
+
+    def inputs(self, inputs: Mapping[str, Any], base64_inputs: Collection[str] = ()) -> dict[str, Array]:
+        """The inputs as arrays, checked; a list takes its tensor's datatype (an array keeps its own, so a float64
+        array for an FP32 input is refused); base64 text of encoded images is decoded.
+
+        Raises:
+            BadRequestError: naming the input and what was expected.
+        """
+        if not inputs:
+            raise BadRequestError("'inputs' must be a non-empty list")
+        arrays: dict[str, Array] = {}
+        for name, value in inputs.items():
+            array = value if isinstance(value, np.ndarray) else self._from_list(name, value)
+            if array.ndim == 0:
+                raise BadRequestError(f"input '{name}': expected an array with a batch dimension, got a scalar")
+            datatype = datatype_of(array.dtype)
+            check_input(name, datatype, tuple(array.shape), self._graph, self._encoded_input)
+            if name in base64_inputs and name == self._encoded_input and self._takes_images:
+                array = _base64_elements(array, f"input '{name}'")  # texts come as plain strings
+            arrays[name] = array
+        check_model_inputs(arrays, self._graph)
+        check_batch_sizes(arrays)
+        self._check_indices(arrays)
+        return arrays
+
+    def _from_list(self, name: str, value: Any) -> Array:
+        try:
+            return np.asarray(value, dtype=self._graph.spec(name, "input").dtype)
+        except (ValueError, TypeError, OverflowError):
+            raise BadRequestError(f"input '{name}': data must be a (nested) list of numbers of one shape") from None
+
+    def outputs(self, requested: tuple[RequestedOutput, ...]) -> None:
+        """Every requested output names a model output or a layer, once.
+
+        Raises:
+            NotFoundError / BadRequestError: an unknown name (with the nearest names), or a name given twice.
+        """
+        names = [output.name for output in requested]
+        for name in names:
+            self._graph.spec(name, "output")
+        if len(set(names)) != len(names):
+            raise BadRequestError(f"output names must be unique, got {names}")
+
+    def _check_indices(self, inputs: dict[str, Array]) -> None:
+        """Values that index an Embedding must lie in [0, its input_dim): checked before batching."""
+        for name, (size, layer) in self._index_ranges.items():
+            array = inputs.get(name)
+            if array is None or array.dtype.kind not in "iuf" or array.size == 0:
+                continue
+            if array.min() >= 0 and array.max() < size:
+                continue
+            position = tuple(int(i) for i in np.argwhere((array < 0) | (array >= size) | np.isnan(array))[0])
+            raise BadRequestError(
+                f"input '{name}': value {array[position]} at position {list(position)} is out of range: it indexes "
+                f"Embedding '{layer}' of {size} rows, so values must be integers from 0 to {size - 1}"
+            )
