@@ -8,12 +8,14 @@ servicer and programs that keep their own web app (Flask, Tornado, ...) all call
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from layerserve.errors import BadRequestError
 from layerserve.features.feature_store import FeatureStore, StoredFeature, check_ids
 from layerserve.features.images import ImageDecoder
 from layerserve.features.labels import classification_strings, top_k
 from layerserve.features.pooling import check_pool, pool_features
+from layerserve.lifecycle.reloader import Reloader
 from layerserve.messages import (
     ClassifyRequest,
     ClassifyResponse,
@@ -21,7 +23,10 @@ from layerserve.messages import (
     FeaturesResponse,
     InferRequest,
     InferResponse,
+    ModelMetadata,
+    RepositoryEntry,
     RequestedOutput,
+    StatisticsReport,
 )
 from layerserve.serving.registry import ModelRegistry, ModelVersion
 from layerserve.tensors import Array
@@ -47,10 +52,94 @@ def answer_outputs(
 class DataPlane:
     """The transport-neutral calls over a registry of models (see the module's docstring)."""
 
-    def __init__(self, registry: ModelRegistry, decoder: ImageDecoder, store: FeatureStore) -> None:
+    def __init__(self, registry: ModelRegistry, reloader: Reloader, decoder: ImageDecoder, store: FeatureStore) -> None:
         self._registry = registry
+        self._reloader = reloader
         self._decoder = decoder
         self._store = store
+
+    def metadata(self, model: str, version: int | None = None) -> ModelMetadata:
+        """A version's metadata (the active one, else the newest, by default), in any state.
+
+        Raises:
+            NotFoundError: unknown model or version.
+            NotReadyError: the model has no version at all.
+        """
+        served, entry = self._registry.find(model, version), self._registry.entry(model)
+        return ModelMetadata(
+            name=served.name,
+            version=served.version,
+            versions=tuple(entry.ready_versions),
+            active_version=entry.active_version,
+            pinned_version=entry.pinned,
+            version_labels=dict(entry.spec.config.version_labels),
+            inputs=served.signature.inputs,
+            outputs=served.signature.outputs,
+            state=str(served.state),
+            reason=served.reason,
+            engine=served.engine_name,
+            engine_reason=served.engine_reason,
+            layer_count=served.layer_count,
+            cuts=served.cuts.describe() if served.cuts else [],
+            batching=served.batching(),
+            description=served.config.description,
+            version_policy=served.config.version_policy,
+        )
+
+    def model_ready(self, model: str, version: int | None = None) -> bool:
+        """Whether a version (the active one by default) serves.
+
+        Raises:
+            NotFoundError: unknown model or version.
+        """
+        return self._registry.find(model, version).is_ready
+
+    def statistics(self, model: str | None = None, version: int | None = None) -> list[StatisticsReport]:
+        """The statistics of one version, of every ready version of a model, or of every model's.
+
+        Raises:
+            NotFoundError: unknown model or version.
+        """
+        if model is not None and version is not None:
+            versions = [self._registry.find(model, version)]
+        else:
+            entries = (
+                [self._registry.entry(model)]
+                if model is not None
+                else [e for _, e in sorted(self._registry.models.items())]
+            )
+            versions = [entry.versions[v] for entry in entries for v in entry.ready_versions]
+        return [StatisticsReport(v.name, v.version, v.statistics) for v in versions]
+
+    def index(self) -> list[RepositoryEntry]:
+        """Every version of every model with its state and reason (and each model that has none)."""
+        return [
+            RepositoryEntry(row["name"], int(row["version"]) if row["version"] else None, row["state"], row["reason"])
+            for row in self._registry.index()
+        ]
+
+    async def load(self, model: str, config: dict[str, Any] | None = None) -> tuple[int, ...]:
+        """(Re)load a model from the repository, `config` replacing config.yaml keys; its ready versions once
+        settled.
+
+        Raises:
+            NotFoundError: no such model folder. BadRequestError: a bad config key. ConflictError: it failed.
+        """
+        entry = await self._reloader.load_model(model, config)
+        return tuple(entry.ready_versions)
+
+    async def unload(self, model: str) -> None:
+        """Unload every version of a model (they finish their requests first)."""
+        await self._reloader.unload_model(model)
+
+    async def apply(self, model: str, version: int | None = None, label: str | None = None) -> int | None:
+        """Pin `version` (or the one `label` names) as the active version, or, with neither, unpin; the active
+        version once in place."""
+        if version is not None:
+            return (await self._reloader.apply(model, version)).version
+        if label is not None:
+            return (await self._reloader.apply_label(model, label)).version
+        return (await self._reloader.unpin(model)).active_version
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Named arrays in (model inputs, or layers to cut at), named outputs (model outputs or any layer) out.

@@ -10,7 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerserve.tensors import Array
+from layerserve.serving.statistics import VersionStatistics
+from layerserve.settings import VersionPolicy
+from layerserve.tensors import Array, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -111,3 +113,46 @@ class FeaturesResponse:
     version: int
     layer: str
     features: Array
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """A version's signature and where it stands: its model's versions, active and pinned version and labels,
+    its state and reason, engine, layers, cuts and batching."""
+
+    name: str
+    version: int
+    versions: tuple[int, ...]
+    active_version: int | None
+    pinned_version: int | None
+    version_labels: dict[str, int]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    state: str
+    reason: str
+    engine: str
+    engine_reason: str
+    layer_count: int
+    cuts: list[dict[str, Any]]
+    batching: dict[str, object]
+    description: str
+    version_policy: VersionPolicy
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    """One row of the repository index: a version (None: a model without any) and its state and reason."""
+
+    name: str
+    version: int | None
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StatisticsReport:
+    """One version's statistics (Triton's counts and durations)."""
+
+    name: str
+    version: int
+    statistics: VersionStatistics

@@ -31,14 +31,16 @@ class Runtime:
     decoding pool and the job runner of one server process.
 
     Built from `Settings` without starting anything; `start()` loads the models (in the background, or, with
-    a worker `board`, before it returns) and starts polling, sampling and the job runner; `close()` stops them.
+    a worker `board` or `settle_first`, before it returns) and starts polling, sampling and the job runner;
+    `close()` stops them.
     `infer`, `classify` and `features` (a layer's output per image or text) are its data plane's calls (see
     DataPlane), on the typed requests of messages.py.
     """
 
-    def __init__(self, settings: Settings, board: WorkerBoard | None = None) -> None:
+    def __init__(self, settings: Settings, board: WorkerBoard | None = None, settle_first: bool = False) -> None:
         self.settings = settings
         self.board = board
+        self._settle_first = settle_first or board is not None
         self._cache_backend: CacheBackend = (
             RedisBackend(settings.redis_url, settings.redis_timeout_ms / 1000)
             if settings.redis_url
@@ -53,7 +55,7 @@ class Runtime:
         )
         self.decoder = ImageDecoder(self._decode_pool, settings.max_image_pixels)
         self.feature_store = FeatureStore(store_backend, settings.cache_key_prefix)
-        self.data = DataPlane(self.registry, self.decoder, self.feature_store)
+        self.data = DataPlane(self.registry, self.reloader, self.decoder, self.feature_store)
         self.infer, self.classify, self.features = self.data.infer, self.data.classify, self.data.features
         self.jobs: JobRunner | None = None
         self.jobs_error = "training jobs are unavailable: the runtime has not started"
@@ -67,11 +69,13 @@ class Runtime:
 
     async def start(self) -> None:
         """Load the models and keep them in sync with the repository; sample the process; open the job runner.
-        With a worker board, return only once this worker's models have settled (then it takes traffic)."""
+        With a worker board (or `settle_first`: a Ray Serve replica), return only once the models have settled
+        (then it takes traffic)."""
         self._tasks = [asyncio.create_task(self._keep_in_sync()), asyncio.create_task(self._sample_forever())]
         self.jobs, self.jobs_error = self._open_jobs()
-        if self.board is not None:
+        if self._settle_first:
             await self.registry.wait_settled()
+        if self.board is not None:
             self.board.mark_ready()
 
     async def close(self) -> None:

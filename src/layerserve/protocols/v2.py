@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 from layerserve.errors import BadRequestError
-from layerserve.messages import InferRequest, InferResponse, RequestedOutput
+from layerserve.messages import InferRequest, InferResponse, ModelMetadata, RepositoryEntry, RequestedOutput
 from layerserve.tensors import (
     Array,
     array_from_json,
@@ -308,3 +308,54 @@ def encode_infer_response(request: InferRequest, response: InferResponse) -> tup
     if not tails:
         return header, None
     return header + b"".join(tails), len(header)
+
+
+def metadata_json(metadata: ModelMetadata) -> dict[str, Any]:
+    """The V2 model metadata of a version, with layerserve's state, engine and version fields."""
+    return {
+        "name": metadata.name,
+        "versions": [str(v) for v in metadata.versions],
+        "active_version": str(metadata.active_version or ""),
+        "pinned_version": str(metadata.pinned_version or ""),
+        "version_labels": {label: str(number) for label, number in metadata.version_labels.items()},
+        "platform": "keras_tensorflow",
+        "inputs": [spec.to_dict() for spec in metadata.inputs],
+        "outputs": [spec.to_dict() for spec in metadata.outputs],
+        "version": str(metadata.version),
+        "state": metadata.state,
+        "reason": metadata.reason,
+        "engine": metadata.engine,
+        "engine_reason": metadata.engine_reason,
+        "layer_count": metadata.layer_count,
+        "cuts": metadata.cuts,
+        "batching": metadata.batching,
+        "description": metadata.description,
+    }
+
+
+def index_json(entries: list[RepositoryEntry]) -> list[dict[str, str]]:
+    """The repository index as Triton's rows (a model without versions has version "")."""
+    return [
+        {"name": e.name, "version": "" if e.version is None else str(e.version), "state": e.state, "reason": e.reason}
+        for e in entries
+    ]
+
+
+def parse_load_request(body: bytes) -> dict[str, Any] | None:
+    """The config of a Triton load request `{"parameters": {"config": "<JSON object>"}}`, if it has one.
+
+    Raises:
+        BadRequestError: not that shape, or another parameter (such as Triton's `file:` overrides).
+    """
+    parameters = load_json_object(body or b"{}", "the request body").get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequestError("the load request's parameters must be an object")
+    unknown = [key for key in parameters if key != "config"]
+    if unknown:
+        raise BadRequestError(f"load parameter '{unknown[0]}' is not supported; the only parameter is 'config'")
+    config = parameters.get("config")
+    if config is None or isinstance(config, dict):
+        return config
+    if not isinstance(config, str):
+        raise BadRequestError("load parameter 'config' must be a JSON object, or a string holding one")
+    return load_json_object(config.encode(), "load parameter 'config'")

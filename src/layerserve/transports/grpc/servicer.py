@@ -16,14 +16,10 @@ from tritonclient.grpc import service_pb2 as pb
 from layerserve import __version__
 from layerserve.dataplane import DataPlane
 from layerserve.errors import NotFoundError, NotReadyError
-from layerserve.lifecycle.reloader import Reloader
-from layerserve.protocols import grpc_v2, triton
+from layerserve.protocols import grpc_v2, triton, v2
 from layerserve.protocols.v2 import parse_version_number
 from layerserve.serving.registry import ModelRegistry
 from layerserve.transports.grpc.calls import Access, CallGuard
-from layerserve.transports.http.repository_routes import load_config
-from layerserve.transports.http.triton_routes import SHARED_MEMORY_UNSUPPORTED, statistics_versions
-from layerserve.transports.http.v2_routes import EXTENSIONS, version_metadata
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 _STREAM = "ModelStreamInfer"
@@ -31,11 +27,10 @@ _STREAM = "ModelStreamInfer"
 
 @dataclass(frozen=True)
 class ServingState:
-    """What the RPCs read: the registry, the reloader, the data plane, the server's readiness and the largest
+    """What the RPCs read: the registry (for leases), the data plane, the server's readiness and the largest
     message (request or answer) in bytes."""
 
     registry: ModelRegistry
-    reloader: Reloader
     data: DataPlane
     is_ready: Callable[[], bool]
     max_message_bytes: int
@@ -78,7 +73,7 @@ class InferenceServicer:
         async def ready() -> pb.ModelReadyResponse:
             number = parse_version_number(request.version)
             try:
-                return pb.ModelReadyResponse(ready=self._registry.find(request.name, number).is_ready)
+                return pb.ModelReadyResponse(ready=self._state.data.model_ready(request.name, number))
             except (NotFoundError, NotReadyError):
                 return pb.ModelReadyResponse(ready=False)
 
@@ -90,7 +85,7 @@ class InferenceServicer:
         """Name, version and extensions."""
 
         async def metadata() -> pb.ServerMetadataResponse:
-            return pb.ServerMetadataResponse(name="layerserve", version=__version__, extensions=EXTENSIONS)
+            return pb.ServerMetadataResponse(name="layerserve", version=__version__, extensions=triton.EXTENSIONS)
 
         return await self._guard.run("ServerMetadata", Access.API, context, metadata)
 
@@ -98,8 +93,8 @@ class InferenceServicer:
         """A version's inputs and outputs."""
 
         async def metadata() -> pb.ModelMetadataResponse:
-            version = self._registry.find(request.name, parse_version_number(request.version))
-            return grpc_v2.model_metadata(version_metadata(version, self._registry.entry(request.name)))
+            metadata = self._state.data.metadata(request.name, parse_version_number(request.version))
+            return grpc_v2.model_metadata(v2.metadata_json(metadata))
 
         return await self._guard.run("ModelMetadata", Access.API, context, metadata)
 
@@ -107,8 +102,8 @@ class InferenceServicer:
         """Triton's model configuration of a version."""
 
         async def config() -> pb.ModelConfigResponse:
-            version = self._registry.find(request.name, parse_version_number(request.version))
-            return grpc_v2.model_config(triton.model_config(version))
+            metadata = self._state.data.metadata(request.name, parse_version_number(request.version))
+            return grpc_v2.model_config(triton.model_config(metadata))
 
         return await self._guard.run("ModelConfig", Access.API, context, config)
 
@@ -119,8 +114,8 @@ class InferenceServicer:
 
         async def statistics() -> pb.ModelStatisticsResponse:
             number = parse_version_number(request.version)
-            versions = statistics_versions(self._registry, request.name or None, number)
-            return grpc_v2.model_statistics([v.statistics.to_dict(v.name, v.version) for v in versions])
+            reports = self._state.data.statistics(request.name or None, number)
+            return grpc_v2.model_statistics([r.statistics.to_dict(r.name, r.version) for r in reports])
 
         return await self._guard.run("ModelStatistics", Access.API, context, statistics)
 
@@ -172,7 +167,7 @@ class InferenceServicer:
         """Every version with its state and reason (`ready`: READY ones only)."""
 
         async def index() -> pb.RepositoryIndexResponse:
-            return grpc_v2.repository_index(self._registry.index(), request.ready)
+            return grpc_v2.repository_index(v2.index_json(self._state.data.index()), request.ready)
 
         return await self._guard.run("RepositoryIndex", Access.ADMIN, context, index)
 
@@ -184,7 +179,7 @@ class InferenceServicer:
         async def load() -> pb.RepositoryModelLoadResponse:
             parameters = grpc_v2.parameters_of(request.parameters)
             body = orjson.dumps({"parameters": parameters}, default=repr)  # the REST door's one check of them
-            await self._state.reloader.load_model(request.model_name, load_config(body))
+            await self._state.data.load(request.model_name, v2.parse_load_request(body))
             return pb.RepositoryModelLoadResponse()
 
         return await self._guard.run("RepositoryModelLoad", Access.ADMIN, context, load)
@@ -195,7 +190,7 @@ class InferenceServicer:
         """Unload every version of a model (they finish their requests first)."""
 
         async def unload() -> pb.RepositoryModelUnloadResponse:
-            await self._state.reloader.unload_model(request.model_name)
+            await self._state.data.unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
 
         return await self._guard.run("RepositoryModelUnload", Access.ADMIN, context, unload)
@@ -205,27 +200,27 @@ class InferenceServicer:
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Context) -> Any:  # noqa: N802
         """UNIMPLEMENTED: shared memory is not supported."""
-        return await self._unsupported(context, SHARED_MEMORY_UNSUPPORTED)
+        return await self._unsupported(context, triton.SHARED_MEMORY_UNSUPPORTED)
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Context) -> Any:  # noqa: N802
         """UNIMPLEMENTED: shared memory is not supported."""
-        return await self._unsupported(context, SHARED_MEMORY_UNSUPPORTED)
+        return await self._unsupported(context, triton.SHARED_MEMORY_UNSUPPORTED)
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Context) -> Any:  # noqa: N802
         """UNIMPLEMENTED: shared memory is not supported."""
-        return await self._unsupported(context, SHARED_MEMORY_UNSUPPORTED)
+        return await self._unsupported(context, triton.SHARED_MEMORY_UNSUPPORTED)
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Context) -> Any:  # noqa: N802
         """UNIMPLEMENTED: shared memory is not supported."""
-        return await self._unsupported(context, SHARED_MEMORY_UNSUPPORTED)
+        return await self._unsupported(context, triton.SHARED_MEMORY_UNSUPPORTED)
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Context) -> Any:  # noqa: N802
         """UNIMPLEMENTED: shared memory is not supported."""
-        return await self._unsupported(context, SHARED_MEMORY_UNSUPPORTED)
+        return await self._unsupported(context, triton.SHARED_MEMORY_UNSUPPORTED)
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Context) -> Any:  # noqa: N802
         """UNIMPLEMENTED: shared memory is not supported."""
-        return await self._unsupported(context, SHARED_MEMORY_UNSUPPORTED)
+        return await self._unsupported(context, triton.SHARED_MEMORY_UNSUPPORTED)
 
     async def TraceSetting(self, request: Any, context: Context) -> Any:  # noqa: N802
         """UNIMPLEMENTED: tracing is not supported."""

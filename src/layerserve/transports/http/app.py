@@ -108,9 +108,7 @@ async def _grpc_door(runtime: Runtime) -> AsyncIterator[None]:
     if not settings.grpc_port:
         yield
         return
-    state = ServingState(
-        runtime.registry, runtime.reloader, runtime.data, lambda: runtime.is_ready, settings.max_body_bytes
-    )
+    state = ServingState(runtime.registry, runtime.data, lambda: runtime.is_ready, settings.max_body_bytes)
     door = GrpcDoor(settings, state)
     await door.start()
     try:

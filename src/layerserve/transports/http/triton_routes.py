@@ -9,49 +9,25 @@ from starlette.routing import Route
 
 from layerserve.errors import BadRequestError
 from layerserve.logs import log_settings, update_log_settings
-from layerserve.protocols.triton import model_config
+from layerserve.protocols.triton import SHARED_MEMORY_UNSUPPORTED, model_config
 from layerserve.protocols.v2 import load_json_object
-from layerserve.serving.registry import ModelRegistry, ModelVersion
 from layerserve.transports.http.bodies import JSONResponse, read_body
 from layerserve.transports.http.v2_routes import parse_version
 
-SHARED_MEMORY_UNSUPPORTED = (
-    "shared memory is not supported by layerserve; send tensors in the request body (binary tensor data)"
-)
 _MAX_SETTINGS_BYTES = 64 * 1024
-
-
-def _registry(request: Request) -> ModelRegistry:
-    registry: ModelRegistry = request.app.state.runtime.registry
-    return registry
-
-
-def statistics_versions(registry: ModelRegistry, name: str | None, number: int | None) -> list[ModelVersion]:
-    """The versions a stats request names: one, every ready version of a model, or of every model.
-
-    Raises:
-        NotFoundError: unknown model or version.
-    """
-    if name is not None and number is not None:
-        return [registry.find(name, number)]
-    entries = [registry.entry(name)] if name is not None else [e for _, e in sorted(registry.models.items())]
-    return [entry.versions[v] for entry in entries for v in entry.ready_versions]
-
-
-def _versions(request: Request) -> list[ModelVersion]:
-    return statistics_versions(_registry(request), request.path_params.get("model"), parse_version(request))
 
 
 async def statistics(request: Request) -> Response:
     """GET /v2/models[/{model}[/versions/{version}]]/stats: Triton's `model_stats`."""
-    stats = [version.statistics.to_dict(version.name, version.version) for version in _versions(request)]
+    reports = request.app.state.runtime.data.statistics(request.path_params.get("model"), parse_version(request))
+    stats = [report.statistics.to_dict(report.name, report.version) for report in reports]
     return JSONResponse({"model_stats": stats})
 
 
 async def config(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]/config: Triton's model configuration."""
-    version = _registry(request).find(request.path_params["model"], parse_version(request))
-    return JSONResponse(model_config(version))
+    metadata = request.app.state.runtime.data.metadata(request.path_params["model"], parse_version(request))
+    return JSONResponse(model_config(metadata))
 
 
 async def logging_settings(request: Request) -> Response:

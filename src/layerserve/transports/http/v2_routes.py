@@ -7,24 +7,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from layerserve import __version__
-from layerserve.protocols import v2
-from layerserve.serving.registry import ModelEntry, ModelRegistry, ModelVersion
+from layerserve.dataplane import DataPlane
+from layerserve.protocols import triton, v2
+from layerserve.serving.version import VersionState
 from layerserve.transports.http.bodies import JSONResponse, read_body
-
-EXTENSIONS = [
-    "binary_tensor_data",
-    "classification",
-    "model_repository",
-    "statistics",
-    "model_configuration",
-    "logging",
-    "layer_outputs",
-]
-
-
-def _registry(request: Request) -> ModelRegistry:
-    registry: ModelRegistry = request.app.state.runtime.registry
-    return registry
 
 
 def parse_version(request: Request) -> int | None:
@@ -39,7 +25,7 @@ def parse_version(request: Request) -> int | None:
 
 async def server_metadata(request: Request) -> Response:
     """GET /v2."""
-    return JSONResponse({"name": "layerserve", "version": __version__, "extensions": EXTENSIONS})
+    return JSONResponse({"name": "layerserve", "version": __version__, "extensions": triton.EXTENSIONS})
 
 
 async def live(request: Request) -> Response:
@@ -54,43 +40,19 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 
-def version_metadata(version: ModelVersion, entry: ModelEntry) -> dict[str, object]:
-    """The V2 model metadata of one version, with layerserve's state, engine and version fields."""
-    return {
-        "name": version.name,
-        "versions": [str(v) for v in entry.ready_versions],
-        "active_version": str(entry.active_version or ""),
-        "pinned_version": str(entry.pinned or ""),
-        "version_labels": {label: str(number) for label, number in entry.spec.config.version_labels.items()},
-        "platform": "keras_tensorflow",
-        "inputs": [spec.to_dict() for spec in version.signature.inputs],
-        "outputs": [spec.to_dict() for spec in version.signature.outputs],
-        "version": str(version.version),
-        "state": version.state,
-        "reason": version.reason,
-        "engine": version.engine_name,
-        "engine_reason": version.engine_reason,
-        "layer_count": version.layer_count,
-        "cuts": version.cuts.describe() if version.cuts else [],
-        "batching": version.batching(),
-        "description": version.config.description,
-    }
-
-
 async def model_metadata(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]."""
-    registry = _registry(request)
-    name = request.path_params["model"]
-    version = registry.find(name, parse_version(request))
-    return JSONResponse(version_metadata(version, registry.entry(name)))
+    data: DataPlane = request.app.state.runtime.data
+    return JSONResponse(v2.metadata_json(data.metadata(request.path_params["model"], parse_version(request))))
 
 
 async def model_ready(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]/ready: 200 when ready, else 503."""
-    version = _registry(request).find(request.path_params["model"], parse_version(request))
+    metadata = request.app.state.runtime.data.metadata(request.path_params["model"], parse_version(request))
+    is_ready = metadata.state == VersionState.READY
     return JSONResponse(
-        {"name": version.name, "version": str(version.version), "ready": version.is_ready},
-        status_code=200 if version.is_ready else 503,
+        {"name": metadata.name, "version": str(metadata.version), "ready": is_ready},
+        status_code=200 if is_ready else 503,
     )
 
 
