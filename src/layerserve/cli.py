@@ -1,4 +1,5 @@
-"""The command line: `layerserve serve | models | bench | train | demo build`; every setting is also a flag."""
+"""The command line: `layerserve serve | ray serve | models | bench | train | demo build`; every setting is also a
+flag."""
 
 from __future__ import annotations
 
@@ -95,6 +96,18 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ray_serve(args: argparse.Namespace) -> int:
+    from layerserve.transports.ray.deployment import RayOptions
+    from layerserve.transports.ray.launch import launch
+
+    settings = _settings(args, model_repository=args.repository)
+    configure_logging(settings.log_level, settings.log_format, settings.log_file)
+    if not settings.model_repository.is_dir():
+        raise LayerserveError(f"model repository {settings.model_repository} is not a folder")
+    options = RayOptions(replicas=args.replicas, replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus)
+    return launch(settings, options, args.address, args.http_port, args.ready_timeout_s)
+
+
 def _models(args: argparse.Namespace) -> int:
     from layerserve.errors import ModelLoadError
     from layerserve.lifecycle.model import find_model_file, load_model, read_signature
@@ -185,6 +198,24 @@ def _demo_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_ray_commands(commands: Any) -> None:
+    """`layerserve ray serve`."""
+    ray_command = commands.add_parser("ray", help="run on Ray Serve (pip install 'layerserve[ray]')")
+    ray_commands = ray_command.add_subparsers(dest="ray_command", required=True)
+    ray_serve = ray_commands.add_parser("serve", help="deploy a model repository as Ray Serve replicas")
+    ray_serve.add_argument("repository", type=Path, help="a folder every node sees: <repo>/<model>/<version>/")
+    ray_serve.add_argument("--address", default="local",
+                           help="local (start Ray here, serve until stopped), auto, HOST:PORT or ray://HOST:PORT "
+                                "(deploy to that cluster and return once ready)")  # fmt: skip
+    ray_serve.add_argument("--replicas", type=int, default=1, help="replicas, each serving every model")
+    ray_serve.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica reserves")
+    ray_serve.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica reserves")
+    ray_serve.add_argument("--http-port", type=int, default=8000, help="the port of Ray Serve's HTTP proxy")
+    ray_serve.add_argument("--ready-timeout-s", type=float, default=600.0, help="how long to wait for every model")
+    add_settings_flags(ray_serve, skip={"model_repository", "port", "workers", "grpc_port"})
+    ray_serve.set_defaults(run=_ray_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="layerserve", description=__doc__)
@@ -195,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("repository", type=Path, help="folder of models: <repo>/<model>/<version>/")
     add_settings_flags(serve, skip={"model_repository"})
     serve.set_defaults(run=_serve)
+
+    _add_ray_commands(commands)
 
     models = commands.add_parser("models", help="list each model's versions, inputs, outputs and layer count")
     models.add_argument("repository", type=Path)

@@ -1,0 +1,60 @@
+"""build_app: a model repository as a Ray Serve application, for `layerserve ray serve` and for users who
+compose their own Ray Serve application."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from layerserve.settings import Settings
+
+DEPLOYMENT_NAME = "layerserve"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How many replicas, what each one reserves of its node (Ray resources) and how many may share a node
+    (0: no limit)."""
+
+    replicas: int = 1
+    replica_cpus: float = 1.0
+    replica_gpus: float = 0.0
+    max_ongoing_requests: int = 256
+    max_replicas_per_node: int = 0
+    resources: tuple[tuple[str, float], ...] = ()
+
+
+def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
+    """The Ray Serve application (`serve.run(build_app(settings))`): `options.replicas` replicas, each serving
+    every model of `settings.model_repository` with the whole HTTP API (see replica_app).
+
+    The repository must be a path every node sees (shared storage); each replica loads every model itself.
+    """
+    from ray import serve
+
+    from layerserve.transports.ray.replica import replica_app
+
+    chosen = options or RayOptions()
+    settings_json = settings.model_dump_json()
+
+    def build() -> Any:  # runs in each replica, when it starts
+        return replica_app(settings_json)
+
+    class LayerserveReplica:
+        """One replica: the ASGI app built by `build`."""
+
+    actor_options: dict[str, Any] = {"num_cpus": chosen.replica_cpus, "num_gpus": chosen.replica_gpus}
+    if chosen.resources:
+        actor_options["resources"] = dict(chosen.resources)
+    placement: dict[str, Any] = (
+        {"max_replicas_per_node": chosen.max_replicas_per_node} if chosen.max_replicas_per_node else {}
+    )
+    deployment = serve.deployment(
+        name=DEPLOYMENT_NAME,
+        **placement,
+        num_replicas=chosen.replicas,
+        ray_actor_options=actor_options,
+        max_ongoing_requests=chosen.max_ongoing_requests,
+        logging_config={"enable_access_log": False},  # layerserve's own access log (access_log) has the details
+    )(serve.ingress(build)(LayerserveReplica))
+    return deployment.bind()

@@ -1,0 +1,78 @@
+"""launch: `layerserve ray serve`: connect to (or start) Ray, deploy the application, wait until it is ready."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import httpx
+
+from layerserve.errors import NotReadyError
+from layerserve.settings import Settings
+from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
+
+log = logging.getLogger(__name__)
+
+
+def wait_ready(url: str, timeout_s: float) -> None:
+    """Wait until every replica of the application has started (each loads every model before it does), then
+    until `url`/v2/health/ready answers 200.
+
+    Raises:
+        NotReadyError: not ready within `timeout_s`.
+    """
+    from ray import serve
+
+    deadline, last = time.monotonic() + timeout_s, "no answer"
+    while time.monotonic() < deadline:
+        application = serve.status().applications.get(DEPLOYMENT_NAME)
+        last = f"application {application.status if application else 'not deployed'}"
+        if application is not None and application.status == "RUNNING":
+            break
+        if application is not None and application.status == "DEPLOY_FAILED":
+            raise NotReadyError(f"the Ray Serve application failed to deploy: {application.message}")
+        time.sleep(0.5)
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(f"{url}/v2/health/ready", timeout=5)
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as error:
+            last = repr(error)
+        time.sleep(0.5)
+    raise NotReadyError(f"the Ray Serve application was not ready within {timeout_s:.0f} s: {last}")
+
+
+def launch(settings: Settings, options: RayOptions, address: str, http_port: int, ready_timeout_s: float) -> int:
+    """Deploy `settings.model_repository` on Ray Serve (see build_app) and wait until every model is ready.
+
+    With `address` "local", Ray starts here and the application serves until SIGINT or SIGTERM, then Ray stops;
+    with a cluster's address, it stays deployed there and this returns (`serve shutdown` removes it).
+    """
+    import ray
+    from ray import serve
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
+    is_local = address == "local"
+    ray.init(address=None if is_local else address, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        serve.start(http_options={"host": settings.host, "port": http_port})
+        serve.run(build_app(settings, options), name=DEPLOYMENT_NAME, route_prefix="/", blocking=False)
+        host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+        wait_ready(f"http://{host}:{http_port}", ready_timeout_s)
+        log.info("serving %s on Ray Serve at http://%s:%d (%d replicas)", settings.model_repository, host,
+                 http_port, options.replicas)  # fmt: skip
+        print(f"layerserve on Ray Serve: http://{host}:{http_port} ({options.replicas} replicas)", flush=True)
+        if not is_local:
+            return 0
+        stop = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
+        stop.wait()
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        return 0
+    finally:
+        ray.shutdown()

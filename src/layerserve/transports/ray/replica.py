@@ -1,0 +1,49 @@
+"""The app one Ray Serve replica runs: create_app over its own Runtime, every answer naming the replica."""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from layerserve.logs import configure_logging
+from layerserve.runtime import Runtime
+from layerserve.settings import Settings
+from layerserve.transports.http.app import create_app
+
+REPLICA_HEADER = "layerserve-replica"
+
+
+def replica_identity() -> str:
+    """`<node id>/<replica id>` of the replica this code runs in (Ray's node id, Serve's replica id)."""
+    import ray
+    from ray import serve
+
+    return f"{ray.get_runtime_context().get_node_id()}/{serve.get_replica_context().replica_id.unique_id}"
+
+
+class ReplicaHeaderMiddleware:
+    """Adds `layerserve-replica: <node id>/<replica id>` to every HTTP answer (lifespan passes through)."""
+
+    def __init__(self, app: ASGIApp, identity: str) -> None:
+        self._app = app
+        self._header = (REPLICA_HEADER.encode(), identity.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self._header]}
+            await send(message)
+
+        await self._app(scope, receive, send_with_header)
+
+
+def replica_app(settings_json: str, identity: str | None = None) -> ASGIApp:
+    """The ASGI app of one replica: its runtime loads every model before the replica takes traffic (Ray Serve
+    runs the lifespan when the replica starts); one worker, no gRPC door of its own."""
+    settings = Settings.model_validate_json(settings_json).model_copy(update={"workers": 1, "grpc_port": 0})
+    configure_logging(settings.log_level, settings.log_format, settings.log_file)
+    app = create_app(Runtime(settings, settle_first=True))
+    return ReplicaHeaderMiddleware(app, identity or replica_identity())

@@ -1,0 +1,116 @@
+"""build_app on a real Ray cluster of several nodes started here (a head with no CPUs, two nodes of one CPU):
+every replica answers as Keras does, replicas land on distinct nodes and say so, shutdown leaves no Ray
+process behind."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from layerserve.settings import Settings
+from layerserve.transports.ray.deployment import RayOptions, build_app
+from layerserve.transports.ray.launch import wait_ready
+from layerserve.transports.ray.replica import REPLICA_HEADER
+from tests.models import load_reference
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def ray_processes() -> set[int]:
+    """Pids of Ray's own processes (GCS, raylets, workers) on this machine."""
+    found = set()
+    for folder in Path("/proc").iterdir():
+        if not folder.name.isdigit():
+            continue
+        try:
+            command = (folder / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"gcs_server" in command or b"raylet" in command or command.startswith(b"ray::"):
+            found.add(int(folder.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster_url(repository: Path, settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    before = ray_processes()
+    small = tmp_path_factory.mktemp("ray-repo")
+    for model in ("mlp", "multi"):
+        (small / model).symlink_to(repository / model)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for name in ("node_a", "node_b"):
+        cluster.add_node(num_cpus=1, resources={name: 1})
+    ray.init(address=cluster.address, logging_level="warning")
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    served = settings.model_copy(update={"model_repository": small, "reload_interval_s": 0})
+    options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1)
+    serve.run(build_app(served, options), name="layerserve", route_prefix="/", blocking=False)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, 300)
+        yield url
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+        deadline = time.monotonic() + 30
+        while ray_processes() - before and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not ray_processes() - before, "Ray processes outlived the cluster's shutdown"
+
+
+def test_every_replica_answers_as_keras_and_names_itself(cluster_url: str, repository: Path) -> None:
+    mlp, multi = load_reference(repository, "mlp", 2), load_reference(repository, "multi", 1)
+    rng = np.random.default_rng(8)
+    replicas, nodes = set(), set()
+    with httpx.Client(base_url=cluster_url, timeout=60) as client:
+        for _ in range(40):
+            x = rng.normal(size=(3, 10)).astype(np.float32)
+            body = {"inputs": [{"name": "x", "shape": [3, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
+            answer = client.post("/v2/models/mlp/infer", json=body)
+            assert answer.status_code == 200, answer.text
+            probs = np.array(answer.json()["outputs"][0]["data"], np.float32).reshape(3, 3)
+            np.testing.assert_allclose(probs, np.asarray(mlp(x)), atol=1e-5)
+            node, replica = answer.headers[REPLICA_HEADER].split("/")
+            nodes.add(node)
+            replicas.add(replica)
+        features = rng.normal(size=(2, 4)).astype(np.float32)
+        tokens = rng.integers(0, 10, (2, 3)).astype(np.int32)
+        layer = client.post(
+            "/v2/models/multi/infer",
+            json={
+                "inputs": [
+                    {"name": "features", "shape": [2, 4], "datatype": "FP32", "data": features.ravel().tolist()},
+                    {"name": "tokens", "shape": [2, 3], "datatype": "INT32", "data": tokens.ravel().tolist()},
+                ],
+                "outputs": [{"name": "joined"}],
+            },
+        )
+        assert layer.status_code == 200, layer.text
+        import keras
+
+        joined = keras.Model(multi.inputs, multi.get_layer("joined").output)([features, tokens])
+        got = np.array(layer.json()["outputs"][0]["data"], np.float32).reshape(2, -1)
+        np.testing.assert_allclose(got, np.asarray(joined), atol=1e-5)
+        assert client.get("/v2/models/mlp").json()["state"] == "READY"
+        refused = client.post("/v2/models/mlp/infer", json={"inputs": [{"name": "x"}]})
+        assert refused.status_code == 400 and "error" in refused.json()
+    assert len(replicas) == 2 and len(nodes) == 2, (replicas, nodes)

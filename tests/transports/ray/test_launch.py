@@ -1,0 +1,54 @@
+"""`layerserve ray serve --address local` as a user runs it: a local Ray, every model served, SIGTERM stops it
+with status 0 and no Ray process left behind."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from layerserve.settings import Settings
+from layerserve.transports.ray.replica import REPLICA_HEADER
+from tests.transports.ray.test_deployment import _free_port, ray_processes
+
+pytestmark = pytest.mark.slow
+
+
+def _check_serving(process: subprocess.Popen[str], port: int) -> None:
+    """The command prints its URL once every model is ready, serves, and exits 0 on SIGTERM (killed otherwise)."""
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # printed once every model is ready
+        assert f"http://127.0.0.1:{port}" in line, line
+        ready = httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=30)
+        assert ready.status_code == 200 and REPLICA_HEADER in ready.headers
+        metadata = httpx.get(f"http://127.0.0.1:{port}/v2/models/mlp", timeout=30).json()
+        assert metadata["state"] == "READY" and metadata["inputs"][0]["name"] == "x"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    except BaseException:
+        process.kill()
+        raise
+
+
+def test_ray_serve_command_serves_until_sigterm(repository: Path, settings: Settings, tmp_path: Path) -> None:
+    small = tmp_path / "repo"
+    small.mkdir()
+    (small / "mlp").symlink_to(repository / "mlp")
+    before, port = ray_processes(), _free_port()
+    command = [
+        sys.executable, "-m", "layerserve", "ray", "serve", str(small), "--address", "local", "--http-port",
+        str(port), "--replicas", "1", "--replica-cpus", "0.5", "--engine-cache-dir", str(settings.engine_cache_dir),
+        "--reload-interval-s", "0",
+    ]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
+        _check_serving(process, port)
+    deadline = time.monotonic() + 30
+    while ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes() - before, "Ray processes outlived `layerserve ray serve`"
