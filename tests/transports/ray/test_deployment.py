@@ -1,12 +1,16 @@
 """build_app on a real Ray cluster of several nodes started here (a head with no CPUs, two nodes of one CPU):
-every replica answers as Keras does, replicas land on distinct nodes and say so, shutdown leaves no Ray
-process behind."""
+every replica answers as Keras does, replicas land on distinct nodes and say so, a replica killed under load
+fails no request and comes back, shutdown leaves no Ray process behind."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -17,9 +21,12 @@ from layerserve.settings import Settings
 from layerserve.transports.ray.deployment import RayOptions, build_app
 from layerserve.transports.ray.launch import wait_ready
 from layerserve.transports.ray.replica import REPLICA_HEADER
+from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
 from tests.models import load_reference
 
 pytestmark = pytest.mark.slow
+
+_PREFER_LOCAL = "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"
 
 
 def _free_port() -> int:
@@ -54,6 +61,10 @@ def cluster_url(repository: Path, settings: Settings, tmp_path_factory: pytest.T
     small = tmp_path_factory.mktemp("ray-repo")
     for model in ("mlp", "multi"):
         (small / model).symlink_to(repository / model)
+    os.environ[PROXY_CALLBACK_VARIABLE] = PROXY_CALLBACK  # every node (and so its proxy) starts with it
+    # On one machine one node's proxy holds the port; a real cluster has a load balancer over every node's
+    # proxy, each preferring its own node's replicas. Here the one proxy spreads over both nodes instead.
+    os.environ[_PREFER_LOCAL] = "0"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     for name in ("node_a", "node_b"):
         cluster.add_node(num_cpus=1, resources={name: 1})
@@ -71,6 +82,7 @@ def cluster_url(repository: Path, settings: Settings, tmp_path_factory: pytest.T
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+        del os.environ[PROXY_CALLBACK_VARIABLE], os.environ[_PREFER_LOCAL]
         deadline = time.monotonic() + 30
         while ray_processes() - before and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -114,3 +126,47 @@ def test_every_replica_answers_as_keras_and_names_itself(cluster_url: str, repos
         refused = client.post("/v2/models/mlp/infer", json={"inputs": [{"name": "x"}]})
         assert refused.status_code == 400 and "error" in refused.json()
     assert len(replicas) == 2 and len(nodes) == 2, (replicas, nodes)
+
+
+def _replica_pids() -> list[int]:
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+    return [actor.pid for actor in actors if actor.class_name.startswith("ServeReplica:layerserve")]
+
+
+def test_a_replica_killed_under_load_fails_no_request(cluster_url: str) -> None:
+    x = np.ones((1, 10), np.float32)
+    body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    statuses: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=cluster_url, timeout=60) as client:
+            while not stop.is_set():
+                try:
+                    statuses.append(client.post("/v2/models/mlp/infer", json=body).status_code)
+                except httpx.HTTPError as error:
+                    errors.append(repr(error))
+
+    (victim, *_) = _replica_pids()
+    with ThreadPoolExecutor(4) as pool:
+        clients = [pool.submit(load) for _ in range(4)]
+        time.sleep(2)
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(6)
+        stop.set()
+        for client in clients:
+            client.result()
+    failed = [status for status in statuses if status != 200]
+    assert len(statuses) > 50 and not failed and not errors, (len(statuses), failed[:5], errors[:5])
+    from ray import serve
+
+    deadline = time.monotonic() + 120  # Ray starts a new replica, which loads the models again
+    while time.monotonic() < deadline and (len(_replica_pids()) < 2 or victim in _replica_pids()):
+        time.sleep(1)
+    assert len(_replica_pids()) == 2 and victim not in _replica_pids()
+    while time.monotonic() < deadline and serve.status().applications["layerserve"].status != "RUNNING":
+        time.sleep(1)
+    assert httpx.get(f"{cluster_url}/v2/health/ready", timeout=30).status_code == 200

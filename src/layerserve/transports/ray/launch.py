@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -12,6 +13,7 @@ import httpx
 from layerserve.errors import NotReadyError
 from layerserve.settings import Settings
 from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
+from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
     is_local = address == "local"
+    if is_local:
+        os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)  # the Ray started here inherits it
     ray.init(address=None if is_local else address, include_dashboard=False, logging_level=logging.WARNING)
     try:
         serve.start(http_options={"host": settings.host, "port": http_port})

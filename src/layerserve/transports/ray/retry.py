@@ -1,0 +1,96 @@
+"""RetryLostReplica: the Ray Serve proxy's middleware that sends a request again, once, when the replica that
+held it died (inference is idempotent), so that a replica killed under load fails no request.
+
+Ray Serve installs a proxy's middlewares from `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`, read where the proxy
+runs: the variable must be in the environment of every Ray node when it starts (`layerserve ray serve
+--address local` sets it for the Ray it starts; see PROXY_CALLBACK_VARIABLE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from layerserve.transports.ray.replica import REPLICA_HEADER
+
+log = logging.getLogger(__name__)
+
+PROXY_CALLBACK_VARIABLE = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+PROXY_CALLBACK = "layerserve.transports.ray.retry:proxy_middlewares"
+
+_PAUSE_S = 0.2  # long enough for the proxy's router to hear that the replica died, and pick another
+
+
+class RetryLostReplica:
+    """Wraps the proxy's app: a request whose replica died before it answered (Ray's proxy then ends the request
+    without starting an answer, or with a 500 that no replica wrote: no `layerserve-replica` header) is sent
+    again, once; if that one is lost too, the client gets a 503 saying so. The request body is read whole
+    first (it may be sent twice); answers from a replica pass through as they come.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if await self._attempt(scope, body, receive, send):
+            log.warning("the replica of %s %s died; sending it again", scope["method"], scope["path"])
+            await asyncio.sleep(_PAUSE_S)
+            if await self._attempt(scope, body, receive, send):
+                await _send_lost(send)
+
+    async def _attempt(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> bool:
+        """Run the request once; True when its replica died and nothing was sent (so it may be sent again)."""
+        sent_body, started, held = False, False, False
+
+        async def replay() -> Message:
+            nonlocal sent_body
+            if sent_body:
+                return await receive()  # after the body: the client's disconnect, when it leaves
+            sent_body = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def watch(message: Message) -> None:
+            nonlocal started, held
+            if message["type"] == "http.response.start":
+                started, held = True, _is_lost(message)
+            if not held:
+                await send(message)
+
+        await self._app(scope, replay, watch)
+        return held or not started
+
+
+async def _send_lost(send: Send) -> None:
+    body = b'{"error": "the replica serving this request died, and so did the one it was sent to again"}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def proxy_middlewares() -> list[Middleware]:
+    """The middlewares of Ray Serve's HTTP proxy (its callback, named by PROXY_CALLBACK)."""
+    return [Middleware(RetryLostReplica)]
+
+
+def _is_lost(start: Message) -> bool:
+    """Ray's 500 for a request whose replica died: no replica wrote it."""
+    headers = {key.lower() for key, _ in start.get("headers", [])}
+    return start["status"] == 500 and REPLICA_HEADER.encode() not in headers
+
+
+async def _read_body(receive: Receive) -> bytes:
+    parts, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        parts.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(parts)
