@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import orjson
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,7 +28,8 @@ _PAUSE_S = 0.2  # long enough for the proxy's router to hear that the replica di
 class RetryLostReplica:
     """Wraps the proxy's app: a request whose replica died before it answered (Ray's proxy then ends the request
     without starting an answer, or with a 500 that no replica wrote: no `layerserve-replica` header) is sent
-    again, once; if that one is lost too, the client gets a 503 saying so. The request body is read whole
+    again, once; if that one is lost too, the client gets a 503 saying so (a training job's submission is never
+    sent twice: a 503 tells the client to look at its jobs). The request body is read whole
     first (it may be sent twice); answers from a replica pass through as they come.
     """
 
@@ -39,11 +41,17 @@ class RetryLostReplica:
             await self._app(scope, receive, send)
             return
         body = await _read_body(receive)
+        if not await self._attempt(scope, body, receive, send):
+            return
+        if _starts_a_job(scope):  # sent twice, it could start two jobs
+            await _send_lost(
+                send, "the replica serving this request died; see GET /v2/jobs for whether the job started"
+            )
+            return
+        log.warning("the replica of %s %s died; sending it again", scope["method"], scope["path"])
+        await asyncio.sleep(_PAUSE_S)
         if await self._attempt(scope, body, receive, send):
-            log.warning("the replica of %s %s died; sending it again", scope["method"], scope["path"])
-            await asyncio.sleep(_PAUSE_S)
-            if await self._attempt(scope, body, receive, send):
-                await _send_lost(send)
+            await _send_lost(send, "the replica serving this request died, and so did the one it was sent to again")
 
     async def _attempt(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> bool:
         """Run the request once; True when its replica died and nothing was sent (so it may be sent again)."""
@@ -67,8 +75,8 @@ class RetryLostReplica:
         return held or not started
 
 
-async def _send_lost(send: Send) -> None:
-    body = b'{"error": "the replica serving this request died, and so did the one it was sent to again"}'
+async def _send_lost(send: Send, message: str) -> None:
+    body = orjson.dumps({"error": message})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -77,6 +85,12 @@ async def _send_lost(send: Send) -> None:
 def proxy_middlewares() -> list[Middleware]:
     """The middlewares of Ray Serve's HTTP proxy (its callback, named by PROXY_CALLBACK)."""
     return [Middleware(RetryLostReplica)]
+
+
+def _starts_a_job(scope: Scope) -> bool:
+    """A training job's submission (POST /v2/models/{model}/train), the one call not sent twice."""
+    path: str = scope["path"]
+    return scope["method"] == "POST" and path.rstrip("/").endswith("/train")
 
 
 def _is_lost(start: Message) -> bool:

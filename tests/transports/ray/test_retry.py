@@ -1,0 +1,68 @@
+"""RetryLostReplica around an ASGI app that loses requests as Ray's proxy does when a replica dies: sent again
+once with the same body, a second loss is a 503, a training job's submission is never sent twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from layerserve.transports.ray.replica import REPLICA_HEADER
+from layerserve.transports.ray.retry import RetryLostReplica
+
+pytestmark = pytest.mark.anyio
+
+
+class LosingApp:
+    """Loses the first `losses` requests (ends them without an answer, or with a 500 no replica wrote)."""
+
+    def __init__(self, losses: int, with_500: bool = False) -> None:
+        self.losses, self.with_500, self.bodies = losses, with_500, []  # type: list[bytes]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.bodies.append((await receive())["body"])
+        if len(self.bodies) <= self.losses:
+            if self.with_500:
+                await send({"type": "http.response.start", "status": 500, "headers": []})
+                await send({"type": "http.response.body", "body": b"Internal Server Error"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(REPLICA_HEADER.encode(), b"n/r")]})
+        await send({"type": "http.response.body", "body": b"answer"})
+
+
+async def _call(app: LosingApp, method: str = "POST", path: str = "/v2/models/m/infer") -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    chunks = [{"type": "http.request", "body": b"{\"in", "more_body": True},
+              {"type": "http.request", "body": b"puts\": []}", "more_body": False}]  # fmt: skip
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await RetryLostReplica(app)({"type": "http", "method": method, "path": path}, receive, send)
+    return sent
+
+
+@pytest.mark.parametrize("with_500", [False, True])
+async def test_a_lost_request_is_sent_again_once_with_its_body(with_500: bool) -> None:
+    app = LosingApp(1, with_500)
+    sent = await _call(app)
+    assert app.bodies == [b'{"inputs": []}'] * 2
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
+    assert sent[-1]["body"] == b"answer"
+
+
+async def test_two_losses_are_a_503_and_an_answer_passes_through() -> None:
+    sent = await _call(LosingApp(2))
+    assert sent[0]["status"] == 503 and "died" in orjson.loads(sent[1]["body"])["error"]
+    assert [m["type"] for m in await _call(LosingApp(0))] == ["http.response.start", "http.response.body"]
+
+
+async def test_a_training_job_submission_is_never_sent_twice() -> None:
+    app = LosingApp(1)
+    sent = await _call(app, path="/v2/models/reviews/train")
+    assert len(app.bodies) == 1 and sent[0]["status"] == 503
+    assert "/v2/jobs" in orjson.loads(sent[1]["body"])["error"]
