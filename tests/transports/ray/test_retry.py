@@ -18,7 +18,8 @@ class LosingApp:
     """Loses the first `losses` requests (ends them without an answer, or with a 500 no replica wrote)."""
 
     def __init__(self, losses: int, with_500: bool = False) -> None:
-        self.losses, self.with_500, self.bodies = losses, with_500, []  # type: list[bytes]
+        self.losses, self.with_500 = losses, with_500
+        self.bodies: list[bytes] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.bodies.append((await receive())["body"])
