@@ -1,20 +1,23 @@
 """build_app on a real Ray cluster of several nodes started here (a head with no CPUs, two nodes of one CPU):
 every replica answers as Keras does, replicas land on distinct nodes and say so, a replica killed under load
-fails no request and comes back, shutdown leaves no Ray process behind."""
+fails no request and comes back, a feature cached through one replica is a hit through the other (one Redis),
+a new version folder is served by every replica with no failed request, shutdown leaves no Ray process
+behind."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 
 from layerserve.settings import Settings
@@ -22,18 +25,13 @@ from layerserve.transports.ray.deployment import RayOptions, build_app
 from layerserve.transports.ray.launch import wait_ready
 from layerserve.transports.ray.replica import REPLICA_HEADER
 from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
+from tests.live_server import free_port
 from tests.models import load_reference
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
 
 _PREFER_LOCAL = "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def ray_processes() -> set[int]:
@@ -52,15 +50,28 @@ def ray_processes() -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster_url(repository: Path, settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def ray_repository(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`multi`, and `mlp` and `cached` (mlp's versions 1 and 2, the latter caching features) in folders of their
+    own, to which the tests add versions."""
+    small = tmp_path_factory.mktemp("ray-repo")
+    (small / "multi").symlink_to(repository / "multi")
+    for model in ("mlp", "cached"):  # folders of their own: the tests add versions; `cached` caches features
+        for number in ("1", "2"):
+            (small / model / number).mkdir(parents=True)
+            (small / model / number / "model.keras").symlink_to(repository / "mlp" / number / "model.keras")
+    (small / "cached" / "config.yaml").write_text("cache: true\n")
+    return small
+
+
+@pytest.fixture(scope="module")
+def cluster_url(ray_repository: Path, settings: Settings) -> Iterator[str]:
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    before = ray_processes()
-    small = tmp_path_factory.mktemp("ray-repo")
-    for model in ("mlp", "multi"):
-        (small / model).symlink_to(repository / model)
+    before, small = ray_processes(), ray_repository
+    redis = RedisServer()
+    redis.start()
     os.environ[PROXY_CALLBACK_VARIABLE] = PROXY_CALLBACK  # every node (and so its proxy) starts with it
     # On one machine one node's proxy holds the port; a real cluster has a load balancer over every node's
     # proxy, each preferring its own node's replicas. Here the one proxy spreads over both nodes instead.
@@ -69,9 +80,9 @@ def cluster_url(repository: Path, settings: Settings, tmp_path_factory: pytest.T
     for name in ("node_a", "node_b"):
         cluster.add_node(num_cpus=1, resources={name: 1})
     ray.init(address=cluster.address, logging_level="warning")
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    served = settings.model_copy(update={"model_repository": small, "reload_interval_s": 0})
+    served = settings.model_copy(update={"model_repository": small, "reload_interval_s": 1, "redis_url": redis.url})
     options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1)
     serve.run(build_app(served, options), name="layerserve", route_prefix="/", blocking=False)
     url = f"http://127.0.0.1:{port}"
@@ -82,6 +93,7 @@ def cluster_url(repository: Path, settings: Settings, tmp_path_factory: pytest.T
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+        redis.kill()
         del os.environ[PROXY_CALLBACK_VARIABLE], os.environ[_PREFER_LOCAL]
         deadline = time.monotonic() + 30
         while ray_processes() - before and time.monotonic() < deadline:
@@ -170,3 +182,70 @@ def test_a_replica_killed_under_load_fails_no_request(cluster_url: str) -> None:
     while time.monotonic() < deadline and serve.status().applications["layerserve"].status != "RUNNING":
         time.sleep(1)
     assert httpx.get(f"{cluster_url}/v2/health/ready", timeout=30).status_code == 200
+
+
+def _by_replica(client: httpx.Client, method: str, path: str, want: int = 2, **kwargs: Any) -> dict[str, Any]:
+    """The answers of `want` distinct replicas to the same request (sent until each has answered)."""
+    answers: dict[str, Any] = {}
+    for _ in range(200):
+        answer = client.request(method, path, **kwargs)
+        assert answer.status_code == 200, answer.text
+        answers.setdefault(answer.headers[REPLICA_HEADER], answer.json())
+        if len(answers) == want:
+            return answers
+    raise AssertionError(f"only {len(answers)} replicas answered {path}")
+
+
+def test_a_feature_cached_through_one_replica_is_a_hit_through_the_other(cluster_url: str) -> None:
+    x = np.full((1, 10), 0.25, np.float32)
+    body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    with httpx.Client(base_url=cluster_url, timeout=60) as client:
+        first = client.post("/v2/models/cached/infer", json=body)
+        assert first.status_code == 200
+        computed_by = first.headers[REPLICA_HEADER]
+        answers = _by_replica(client, "POST", "/v2/models/cached/infer", json=body)
+        assert len({orjson.dumps(a["outputs"]) for a in answers.values()}) == 1
+        stats = _by_replica(client, "GET", "/v2/models/cached/versions/2/stats")
+    other = next(replica for replica in stats if replica != computed_by)
+    counts = stats[other]["model_stats"][0]["inference_stats"]
+    assert counts["cache_hit"]["count"] >= 1 and counts["cache_miss"]["count"] == 0, counts
+
+
+def test_a_new_version_is_served_by_every_replica_with_no_failed_request(
+    cluster_url: str, ray_repository: Path, repository: Path
+) -> None:
+    version_1 = load_reference(repository, "mlp", 1)
+    x = np.full((1, 10), 0.5, np.float32)
+    body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=cluster_url, timeout=60) as client:
+            while not stop.is_set():
+                statuses.append(client.post("/v2/models/mlp/infer", json=body).status_code)
+
+    staged = ray_repository / "mlp" / ".staging"
+    staged.mkdir()
+    (staged / "model.keras").symlink_to(repository / "mlp" / "1" / "model.keras")
+    with ThreadPoolExecutor(2) as pool, httpx.Client(base_url=cluster_url, timeout=60) as client:
+        clients = [pool.submit(load) for _ in range(2)]
+        time.sleep(1)
+        staged.rename(ray_repository / "mlp" / "3")  # appears whole: version 3 is the latest
+        deadline, versions = time.monotonic() + 60, {}
+        while time.monotonic() < deadline:
+            versions = {
+                r: a["model_version"] for r, a in _by_replica(client, "POST", "/v2/models/mlp/infer", json=body).items()
+            }
+            if set(versions.values()) == {"3"}:
+                break
+            time.sleep(0.5)
+        answer = client.post("/v2/models/mlp/infer", json=body).json()
+        stop.set()
+        for future in clients:
+            future.result()
+    assert set(versions.values()) == {"3"}, versions
+    np.testing.assert_allclose(
+        np.array(answer["outputs"][0]["data"], np.float32), np.asarray(version_1(x))[0], atol=1e-5
+    )
+    assert len(statuses) > 20 and set(statuses) == {200}, (len(statuses), sorted(set(statuses)))

@@ -3,10 +3,13 @@ compose their own Ray Serve application."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from layerserve.settings import Settings
+
+log = logging.getLogger(__name__)
 
 DEPLOYMENT_NAME = "layerserve"
 
@@ -35,6 +38,11 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
     from layerserve.transports.ray.replica import replica_app
 
     chosen = options or RayOptions()
+    if chosen.replicas > 1 and not settings.redis_url:
+        log.warning(
+            "%d replicas and no redis_url: each replica has a feature cache and store of its own (a feature stored "
+            "through one is not found through another); set redis_url to share them", chosen.replicas,
+        )  # fmt: skip
     settings_json = settings.model_dump_json()
 
     def build() -> Any:  # runs in each replica, when it starts

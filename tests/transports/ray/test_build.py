@@ -1,0 +1,24 @@
+"""build_app without a cluster: the deployment's options, and the warning about per-replica caches."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from layerserve.settings import Settings
+from layerserve.transports.ray.deployment import RayOptions, build_app
+
+
+def test_the_deployment_reserves_what_it_is_told(caplog: pytest.LogCaptureFixture) -> None:
+    options = RayOptions(replicas=3, replica_cpus=0.5, replica_gpus=0.25, max_replicas_per_node=1)
+    with caplog.at_level(logging.WARNING):
+        app = build_app(Settings(model_repository="models"), options)
+    deployment = app._bound_deployment  # Ray Serve's Application holds the deployment it was bound from
+    assert deployment.num_replicas == 3 and deployment.ray_actor_options["num_cpus"] == 0.5
+    assert deployment.ray_actor_options["num_gpus"] == 0.25
+    assert "each replica has a feature cache and store of its own" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        build_app(Settings(model_repository="models", redis_url="redis://127.0.0.1:6379/0"), options)
+    assert "feature cache" not in caplog.text
