@@ -1,8 +1,8 @@
 """build_app on a real Ray cluster of several nodes started here (a head with no CPUs, two nodes of one CPU):
 every replica answers as Keras does, replicas land on distinct nodes and say so, a replica killed under load
 fails no request and comes back, a feature cached through one replica is a hit through the other (one Redis),
-a new version folder is served by every replica with no failed request, shutdown leaves no Ray process
-behind."""
+a new version folder is served by every replica with no failed request, a node removed under load fails no
+request and its replica comes back on another node, shutdown leaves no Ray process behind."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,25 +28,12 @@ from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIA
 from tests.live_server import free_port
 from tests.models import load_reference
 from tests.redis_server import RedisServer
+from tests.transports.ray.processes import ray_processes
 
 pytestmark = pytest.mark.slow
 
 _PREFER_LOCAL = "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"
-
-
-def ray_processes() -> set[int]:
-    """Pids of Ray's own processes (GCS, raylets, workers) on this machine."""
-    found = set()
-    for folder in Path("/proc").iterdir():
-        if not folder.name.isdigit():
-            continue
-        try:
-            command = (folder / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"gcs_server" in command or b"raylet" in command or command.startswith(b"ray::"):
-            found.add(int(folder.name))
-    return found
+CLUSTERS: dict[str, Any] = {}  # the fixture's cluster by URL, for the test that removes a node
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +64,19 @@ def cluster_url(ray_repository: Path, settings: Settings) -> Iterator[str]:
     # proxy, each preferring its own node's replicas. Here the one proxy spreads over both nodes instead.
     os.environ[_PREFER_LOCAL] = "0"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    for name in ("node_a", "node_b"):
+    for name in ("node_a", "node_b", "node_c"):  # two replicas, one per node; the third takes a lost one
         cluster.add_node(num_cpus=1, resources={name: 1})
     ray.init(address=cluster.address, logging_level="warning")
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # One proxy, on the head (never removed): on one machine the nodes' proxies would share the port.
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     served = settings.model_copy(update={"model_repository": small, "reload_interval_s": 1, "redis_url": redis.url})
     options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1)
     serve.run(build_app(served, options), name="layerserve", route_prefix="/", blocking=False)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 300)
+        CLUSTERS[url] = cluster
         yield url
     finally:
         serve.shutdown()
@@ -140,14 +129,16 @@ def test_every_replica_answers_as_keras_and_names_itself(cluster_url: str, repos
     assert len(replicas) == 2 and len(nodes) == 2, (replicas, nodes)
 
 
-def _replica_pids() -> list[int]:
+def _replicas() -> list[tuple[int, str]]:
+    """(pid, node id) of every live replica."""
     from ray.util.state import list_actors
 
     actors = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-    return [actor.pid for actor in actors if actor.class_name.startswith("ServeReplica:layerserve")]
+    return [(a.pid, a.node_id) for a in actors if a.class_name.startswith("ServeReplica:layerserve")]
 
 
-def test_a_replica_killed_under_load_fails_no_request(cluster_url: str) -> None:
+def _under_load(url: str, fault: Callable[[], None]) -> tuple[list[int], list[str]]:
+    """Statuses and client errors of 4 closed-loop clients over 8 s, `fault` done 2 s in."""
     x = np.ones((1, 10), np.float32)
     body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
     statuses: list[int] = []
@@ -155,33 +146,56 @@ def test_a_replica_killed_under_load_fails_no_request(cluster_url: str) -> None:
     stop = threading.Event()
 
     def load() -> None:
-        with httpx.Client(base_url=cluster_url, timeout=60) as client:
+        with httpx.Client(base_url=url, timeout=60) as client:
             while not stop.is_set():
                 try:
                     statuses.append(client.post("/v2/models/mlp/infer", json=body).status_code)
                 except httpx.HTTPError as error:
                     errors.append(repr(error))
 
-    (victim, *_) = _replica_pids()
     with ThreadPoolExecutor(4) as pool:
         clients = [pool.submit(load) for _ in range(4)]
         time.sleep(2)
-        os.kill(victim, signal.SIGKILL)
+        fault()
         time.sleep(6)
         stop.set()
         for client in clients:
             client.result()
-    failed = [status for status in statuses if status != 200]
-    assert len(statuses) > 50 and not failed and not errors, (len(statuses), failed[:5], errors[:5])
+    return statuses, errors
+
+
+def _wait_back(url: str, gone: Callable[[list[tuple[int, str]]], bool]) -> list[tuple[int, str]]:
+    """Wait until two replicas live again, none of them what `gone` names, and the application is RUNNING."""
     from ray import serve
 
     deadline = time.monotonic() + 120  # Ray starts a new replica, which loads the models again
-    while time.monotonic() < deadline and (len(_replica_pids()) < 2 or victim in _replica_pids()):
+    while time.monotonic() < deadline and (len(_replicas()) < 2 or gone(_replicas())):
         time.sleep(1)
-    assert len(_replica_pids()) == 2 and victim not in _replica_pids()
     while time.monotonic() < deadline and serve.status().applications["layerserve"].status != "RUNNING":
         time.sleep(1)
-    assert httpx.get(f"{cluster_url}/v2/health/ready", timeout=30).status_code == 200
+    replicas = _replicas()
+    assert len(replicas) == 2 and not gone(replicas), replicas
+    assert httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200
+    return replicas
+
+
+def test_a_replica_killed_under_load_fails_no_request(cluster_url: str) -> None:
+    ((victim, _), *_) = _replicas()
+    statuses, errors = _under_load(cluster_url, lambda: os.kill(victim, signal.SIGKILL))
+    failed = [status for status in statuses if status != 200]
+    assert len(statuses) > 50 and not failed and not errors, (len(statuses), failed[:5], errors[:5])
+    _wait_back(cluster_url, lambda replicas: victim in {pid for pid, _ in replicas})
+
+
+def test_a_node_removed_under_load_fails_no_request(cluster_url: str) -> None:
+    cluster = CLUSTERS[cluster_url]
+    ((_, node_id), *_) = _replicas()
+    (node,) = [n for n in cluster.list_all_nodes() if n.node_id == node_id]
+    statuses, errors = _under_load(cluster_url, lambda: cluster.remove_node(node, allow_graceful=False))
+    failed = [status for status in statuses if status != 200]
+    assert len(statuses) > 50 and not failed and not errors, (len(statuses), failed[:5], errors[:5])
+    replicas = _wait_back(cluster_url, lambda replicas: node_id in {node for _, node in replicas})
+    assert len({node for _, node in replicas}) == 2  # back on the two nodes left
 
 
 def _by_replica(client: httpx.Client, method: str, path: str, want: int = 2, **kwargs: Any) -> dict[str, Any]:

@@ -14,7 +14,8 @@ import pytest
 
 from layerserve.settings import Settings
 from layerserve.transports.ray.replica import REPLICA_HEADER
-from tests.transports.ray.test_deployment import _free_port, ray_processes
+from tests.live_server import free_port
+from tests.transports.ray.processes import ray_processes
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ def test_ray_serve_command_serves_until_sigterm(repository: Path, settings: Sett
     small = tmp_path / "repo"
     small.mkdir()
     (small / "mlp").symlink_to(repository / "mlp")
-    before, port = ray_processes(), _free_port()
+    before, port = ray_processes(), free_port()
     command = [
         sys.executable, "-m", "layerserve", "ray", "serve", str(small), "--address", "local", "--http-port",
         str(port), "--replicas", "1", "--replica-cpus", "0.5", "--engine-cache-dir", str(settings.engine_cache_dir),
