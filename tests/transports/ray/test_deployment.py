@@ -2,7 +2,8 @@
 every replica answers as Keras does, replicas land on distinct nodes and say so, a replica killed under load
 fails no request and comes back, a feature cached through one replica is a hit through the other (one Redis),
 a new version folder is served by every replica with no failed request, a node removed under load fails no
-request and its replica comes back on another node, shutdown leaves no Ray process behind."""
+request and its replica comes back on another node, a training job submitted through the cluster ends with its
+version served by every replica, shutdown leaves no Ray process behind."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIA
 from tests.live_server import free_port
 from tests.models import load_reference
 from tests.redis_server import RedisServer
+from tests.training.test_jobs import wait_for
+from tests.training.test_tokenizer import POSITIVE, english_reviews
 from tests.transports.ray.processes import ray_processes
 
 pytestmark = pytest.mark.slow
@@ -263,3 +266,24 @@ def test_a_new_version_is_served_by_every_replica_with_no_failed_request(
         np.array(answer["outputs"][0]["data"], np.float32), np.asarray(version_1(x))[0], atol=1e-5
     )
     assert len(statuses) > 20 and set(statuses) == {200}, (len(statuses), sorted(set(statuses)))
+
+
+def test_a_training_job_through_the_cluster_is_served_by_every_replica(cluster_url: str) -> None:
+    texts, labels = english_reviews(300)
+    body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 2, "seed": 1}, "apply": True}
+    with httpx.Client(base_url=cluster_url, timeout=60) as client:
+        started = client.post("/v2/models/en_reviews/train", json=body)
+        assert started.status_code == 202, started.text
+        job_id = started.json()["job_id"]
+        job = wait_for(cluster_url, job_id, {"succeeded", "failed", "cancelled"})
+        assert job["state"] == "succeeded" and job["model_version"] == "1", job["error"]
+        deadline, versions = time.monotonic() + 60, {}
+        while time.monotonic() < deadline:  # the replica that did not train finds the version on its next poll
+            answers = _by_replica(client, "POST", "/v2/models/en_reviews/classify", json={"texts": [POSITIVE]})
+            versions = {replica: answer["model_version"] for replica, answer in answers.items()}
+            if set(versions.values()) == {"1"}:
+                break
+            time.sleep(0.5)
+        assert set(versions.values()) == {"1"}, versions
+        listed = _by_replica(client, "GET", f"/v2/jobs/{job_id}")  # one job store, seen by every replica
+        assert {answer["state"] for answer in listed.values()} == {"succeeded"}
