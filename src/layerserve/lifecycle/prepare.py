@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -185,8 +186,26 @@ def lower_priority() -> None:
             log.warning("could not lower the priority of %s", threading.current_thread().name)
 
 
+def exit_with_parent(every_s: float = 1.0) -> None:
+    """A child process (the preparer, a training job) dies with the server that started it, instead of living
+    on as an orphan holding gigabytes of TensorFlow: a daemon thread exits the process once its parent is gone.
+
+    (Not PR_SET_PDEATHSIG: it fires when the *thread* that started the child ends, and pools start children
+    from threads that come and go.)"""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _child_start() -> None:
-    """The child runs at background priority (before TensorFlow starts its threads), and quiet."""
+    """The child runs at background priority (before TensorFlow starts its threads), quiet, and dies with the
+    server."""
+    exit_with_parent()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     lower_priority()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s (preparer): %(message)s")

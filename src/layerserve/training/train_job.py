@@ -31,9 +31,10 @@ def run(job_dir: Path) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     from layerserve.errors import LayerserveError
-    from layerserve.lifecycle.prepare import lower_priority
+    from layerserve.lifecycle.prepare import exit_with_parent, lower_priority
     from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
 
+    exit_with_parent()
     lower_priority()  # before TensorFlow starts its threads: they inherit it
     import tensorflow as tf
 
