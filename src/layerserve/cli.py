@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output", type=Path, default=None, help="write the report as JSON")
     bench.add_argument("--plot", type=Path, default=None, help="write throughput and p99 vs concurrency as PNG")
     bench.add_argument("--protocol", choices=["http", "grpc"], default="http",
-                       help="REST (binary tensors), or the gRPC door (tritonclient's stubs, grpc.aio)")  # fmt: skip
+                       help="REST (binary tensors), or the gRPC door (ModelInfer, own HTTP/2 client)")  # fmt: skip
     bench.add_argument("--grpc-port", type=int, default=8001, help="the gRPC port of the server at URL's host")
     bench.set_defaults(run=_bench)
 

@@ -73,6 +73,13 @@ class CallGuard:
         self._api = api_token.encode() if api_token else None
         self._log_requests = log_requests
         self._children: dict[tuple[str, str, str, str], tuple[Any, Any]] = {}
+        self._names: dict[str, tuple[str, str]] = {}  # method: (route, path)
+        # Whether each kind of call needs a token at all: when none is configured its metadata is never read.
+        self._needs_token = {
+            Access.PUBLIC: False,
+            Access.API: self._api is not None,
+            Access.ADMIN: self._admin is not None,
+        }
 
     def check_token(self, access: Access, metadata: Any) -> None:
         """Raises UnauthenticatedError or PermissionDeniedError when the call lacks the token it needs."""
@@ -104,7 +111,7 @@ class CallGuard:
             self.check_token(access, context.invocation_metadata())
             return await call()
 
-        answer, code, message = await self.attempt(method, checked)
+        answer, code, message = await self.attempt(method, checked if self._needs_token[access] else call)
         if code is not grpc.StatusCode.OK:
             await context.abort(code, message)
         return answer  # type: ignore[return-value]  # None only with a failure, and abort raises
@@ -136,7 +143,10 @@ class CallGuard:
         """Count and time one answered call (or stream message) and write its access log line."""
         served = SERVED_BY.get()
         model, version = (served[0], str(served[1])) if served else ("", "")
-        route, path = f"grpc.{method}", f"{SERVICE_PATH}/{method}"
+        names = self._names.get(method)
+        if names is None:
+            names = self._names[method] = f"grpc.{method}", f"{SERVICE_PATH}/{method}"
+        route, path = names
         status = code.name
         key = (model, version, route, status)
         children = self._children.get(key)
