@@ -22,3 +22,15 @@ def test_the_deployment_reserves_what_it_is_told(caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.WARNING):
         build_app(Settings(model_repository="models", redis_url="redis://127.0.0.1:6379/0"), options)
     assert "feature cache" not in caplog.text
+
+
+def test_the_config_file_builder_takes_options_and_settings() -> None:
+    from layerserve.errors import ConfigError
+    from layerserve.transports.ray.app import build
+
+    app = build({"model_repository": "models", "redis_url": "redis://127.0.0.1:6379/0", "replicas": "3"})
+    assert app._bound_deployment.num_replicas == 3
+    with pytest.raises(ConfigError, match="unknown key"):
+        build({"replicaz": 2})
+    with pytest.raises(ConfigError, match="does not fit"):
+        build({"replicas": "many"})

@@ -1,0 +1,107 @@
+"""Native `layerserve serve` vs `layerserve ray serve` with 1 and 2 replicas, in one run, on the demo repository.
+
+    .venv/bin/python benchmarks/ray_scale.py [--duration-s 10] [--concurrency 8 32] [--replica-cpus 1]
+
+Each setup serves the demo repository on this machine (Ray: `--address local`, its proxy in front); each model
+gets the V2 binary tensor workload of `layerserve bench` (the feature cache bypassed), one concurrency level at
+a time after a warm-up. The table gives req/s, p50 and p99 per setup and the ratio to native. On 2 cores the
+replicas, Ray's proxy and the load generator share the same cores, so the ratio measures the cost of Ray's path
+(proxy, router, replica actor) per request, not what more nodes would add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from demo_server import demo_server
+from layerserve.bench.generator import StepResult, build_workload, run_step
+from layerserve.demo import build_demo_repository
+
+MODELS = ("token_classifier", "efficientnet_lite0")
+
+
+@contextmanager
+def ray_server(port: int, repository: Path, cache: Path, replicas: int, replica_cpus: float) -> Iterator[str]:
+    """`layerserve ray serve --address local` in a subprocess; the proxy's URL once every replica is ready."""
+    command = [
+        sys.executable, "-m", "layerserve", "ray", "serve", str(repository), "--address", "local",
+        "--http-port", str(port), "--replicas", str(replicas), "--replica-cpus", str(replica_cpus),
+        "--engine-cache-dir", str(cache), "--log-level", "warning",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # printed once every model of every replica is ready
+        if "http://" not in line:
+            raise RuntimeError(f"layerserve ray serve did not start: {line!r}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+
+
+def _ready(url: str) -> None:
+    with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=30) as response:
+        assert response.status == 200
+
+
+def measure(url: str, concurrency: list[int], seconds: float, pool: object) -> dict[tuple[str, int], StepResult]:
+    """Each model at each concurrency, after a 2 s warm-up per model."""
+    _ready(url)
+    results = {}
+    for model in MODELS:
+        workload = build_workload(url, model, "tensor", 1, None, use_cache=False)
+        run_step(url, workload, concurrency[0], 2.0, pool)  # type: ignore[arg-type]
+        for level in concurrency:
+            results[(model, level)] = run_step(url, workload, level, seconds, pool)  # type: ignore[arg-type]
+    return results
+
+
+def main() -> None:
+    """Run the three setups and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--replica-cpus", type=float, default=1.0)
+    parser.add_argument("--port", type=int, default=8790)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="layerserve-ray-scale-"))
+    repository, cache = work / "repo", work / "cache"
+    build_demo_repository(repository)
+    setups: dict[str, dict[tuple[str, int], StepResult]] = {}
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        flags = ("--grpc-port", "0", "--engine-cache-dir", str(cache))
+        with demo_server(args.port, repository, *flags) as (url, _):
+            setups["native serve"] = measure(url, args.concurrency, args.duration_s, pool)
+        for replicas in (1, 2):
+            started = time.perf_counter()
+            with ray_server(args.port + 1, repository, cache, replicas, args.replica_cpus) as url:
+                print(f"Ray, {replicas} replica(s): ready in {time.perf_counter() - started:.0f} s", flush=True)
+                setups[f"Ray, {replicas} replica(s)"] = measure(url, args.concurrency, args.duration_s, pool)
+    native = setups["native serve"]
+    print("| model | setup | concurrency | req/s | p50 ms | p99 ms | x native | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in MODELS:
+        for name, results in setups.items():
+            for level in args.concurrency:
+                step = results[(model, level)]
+                ratio = step.req_s / native[(model, level)].req_s
+                print(f"| {model} | {name} | {level} | {step.req_s:,.0f} | {step.p50_ms:.2f} | {step.p99_ms:.2f} | "
+                      f"{ratio:.2f} | {sum(step.errors.values())} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
