@@ -1,6 +1,7 @@
 """Native `layerserve serve` vs `layerserve ray serve` with 1 and 2 replicas, in one run, on the demo repository.
 
     .venv/bin/python benchmarks/ray_scale.py [--duration-s 10] [--concurrency 8 32] [--replica-cpus 1]
+                                             [--ingress proxy haproxy] [--models token_classifier ...]
 
 Each setup serves the demo repository on this machine (Ray: `--address local`, its proxy in front); each model
 gets the V2 binary tensor workload of `layerserve bench` (the feature cache bypassed), one concurrency level at
@@ -31,17 +32,26 @@ from layerserve.bench.generator import StepResult, build_workload, run_step
 from layerserve.demo import build_demo_repository
 
 MODELS = ("token_classifier", "efficientnet_lite0")
+# Ray Serve 2.60's ingresses: its Python proxy (the default); HAProxy in front of replicas that serve HTTP
+# themselves (direct ingress).
+INGRESS = {
+    "proxy": {},
+    "haproxy": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+}
 
 
 @contextmanager
-def ray_server(port: int, repository: Path, cache: Path, replicas: int, replica_cpus: float) -> Iterator[str]:
+def ray_server(
+    port: int, repository: Path, cache: Path, replicas: int, replica_cpus: float, ingress: str
+) -> Iterator[str]:
     """`layerserve ray serve --address local` in a subprocess; the proxy's URL once every replica is ready."""
     command = [
         sys.executable, "-m", "layerserve", "ray", "serve", str(repository), "--address", "local",
         "--http-port", str(port), "--replicas", str(replicas), "--replica-cpus", str(replica_cpus),
         "--engine-cache-dir", str(cache), "--log-level", "warning",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    env = {**os.environ, **INGRESS[ingress]}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()  # printed once every model of every replica is ready
@@ -58,11 +68,13 @@ def _ready(url: str) -> None:
         assert response.status == 200
 
 
-def measure(url: str, concurrency: list[int], seconds: float, pool: object) -> dict[tuple[str, int], StepResult]:
+def measure(
+    url: str, models: list[str], concurrency: list[int], seconds: float, pool: object
+) -> dict[tuple[str, int], StepResult]:
     """Each model at each concurrency, after a 2 s warm-up per model."""
     _ready(url)
     results = {}
-    for model in MODELS:
+    for model in models:
         workload = build_workload(url, model, "tensor", 1, None, use_cache=False)
         run_step(url, workload, concurrency[0], 2.0, pool)  # type: ignore[arg-type]
         for level in concurrency:
@@ -77,6 +89,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--replica-cpus", type=float, default=1.0)
     parser.add_argument("--port", type=int, default=8790)
+    parser.add_argument("--ingress", nargs="+", choices=sorted(INGRESS), default=["proxy"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="layerserve-ray-scale-"))
     repository, cache = work / "repo", work / "cache"
@@ -85,16 +99,18 @@ def main() -> None:
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         flags = ("--grpc-port", "0", "--engine-cache-dir", str(cache))
         with demo_server(args.port, repository, *flags) as (url, _):
-            setups["native serve"] = measure(url, args.concurrency, args.duration_s, pool)
-        for replicas in (1, 2):
-            started = time.perf_counter()
-            with ray_server(args.port + 1, repository, cache, replicas, args.replica_cpus) as url:
-                print(f"Ray, {replicas} replica(s): ready in {time.perf_counter() - started:.0f} s", flush=True)
-                setups[f"Ray, {replicas} replica(s)"] = measure(url, args.concurrency, args.duration_s, pool)
+            setups["native serve"] = measure(url, args.models, args.concurrency, args.duration_s, pool)
+        for ingress in args.ingress:
+            for replicas in (1, 2):
+                started = time.perf_counter()
+                with ray_server(args.port + 1, repository, cache, replicas, args.replica_cpus, ingress) as url:
+                    name = f"Ray {ingress}, {replicas} replica(s)"
+                    print(f"{name}: ready in {time.perf_counter() - started:.0f} s", flush=True)
+                    setups[name] = measure(url, args.models, args.concurrency, args.duration_s, pool)
     native = setups["native serve"]
     print("| model | setup | concurrency | req/s | p50 ms | p99 ms | x native | errors |")
     print("|---|---|---|---|---|---|---|---|")
-    for model in MODELS:
+    for model in args.models:
         for name, results in setups.items():
             for level in args.concurrency:
                 step = results[(model, level)]
