@@ -92,6 +92,11 @@ class InputCodec:
         Raises:
             UnsupportedMediaTypeError: the model does not take images.
         """
+        if self.image is None and self.tokenizer is None:
+            raise UnsupportedMediaTypeError(
+                f"model '{self.model}' does not take images or texts (its config.yaml has neither input: image nor "
+                f"input: text): send tensors to /v2/models/{self.model}/infer"
+            )
         if self.image is None:
             raise UnsupportedMediaTypeError(
                 f"model '{self.model}' does not take images (its config has no input: image)"

@@ -200,6 +200,8 @@ def test_truncated_and_oversized_images(demo_server: LiveServer) -> None:
 def test_non_image_model_and_bad_queries(demo_server: LiveServer) -> None:
     response = classify(demo_server, "token_classifier", photo("chelsea.png"), "image/png")
     assert response.status_code == 415 and "does not take images" in response.json()["error"]
+    texts = httpx.post(f"{demo_server.url}/v2/models/token_classifier/classify", json={"texts": ["a text"]})
+    assert texts.status_code == 415 and "send tensors to /v2/models/token_classifier/infer" in texts.json()["error"]
     url = f"{demo_server.url}/v2/models/efficientnet_lite0/features"
     headers = {"Content-Type": "image/png"}
     response = httpx.post(url, content=photo("chelsea.png"), headers=headers)
