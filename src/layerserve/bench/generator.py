@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from layerserve.bench.grpc_client import MODEL_INFER, build_grpc_request, grpc_client_process
+from layerserve.bench.loops import run_timed
 from layerserve.engines.base import probe_batch
 from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.errors import BadRequestError
@@ -159,19 +160,13 @@ def _client_process(args: tuple[str, int, bytes, int, float]) -> tuple[list[tupl
     """One load-generating process: `connections` closed loops for `seconds`; (latency, status)s and CPU s."""
     host, port, request, connections, seconds = args
     out: list[tuple[float, int]] = []
-    cpu_started = time.process_time()
 
     async def main() -> None:
         stop_at = time.perf_counter() + seconds
         await asyncio.gather(*(_connection(host, port, request, stop_at, out) for _ in range(connections)))
 
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:
-        asyncio.run(main())
-    return out, time.process_time() - cpu_started
+    cpu_seconds = run_timed(main)
+    return out, cpu_seconds
 
 
 def _process_metrics(url: str) -> tuple[float, float] | None:

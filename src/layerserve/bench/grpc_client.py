@@ -16,6 +16,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from layerserve.bench.h2_client import ConnectionLostError, H2Connection
+from layerserve.bench.loops import run_timed
 from layerserve.engines.base import probe_batch
 from layerserve.errors import BadRequestError
 from layerserve.tensors import TensorSpec, datatype_of
@@ -90,17 +91,11 @@ def grpc_client_process(args: tuple[str, int, bytes, int, float]) -> tuple[list[
     A status is 200 for an answer, else the gRPC status code's number."""
     host, port, request, loops, seconds = args
     out: list[tuple[float, int]] = []
-    cpu_started = time.process_time()
 
     async def main() -> None:
         stop_at = time.perf_counter() + seconds
         message = grpc_message(request)
         await asyncio.gather(*(_loop(host, port, message, stop_at, out) for _ in range(loops)))
 
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:
-        asyncio.run(main())
-    return out, time.process_time() - cpu_started
+    cpu_seconds = run_timed(main)
+    return out, cpu_seconds
