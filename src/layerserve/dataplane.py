@@ -15,6 +15,7 @@ from layerserve.features.feature_store import FeatureStore, StoredFeature, check
 from layerserve.features.images import ImageDecoder
 from layerserve.features.labels import classification_strings, top_k
 from layerserve.features.pooling import check_pool, pool_features
+from layerserve.lifecycle.peers import ControlOp, Peers
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.messages import (
     ClassifyRequest,
@@ -57,6 +58,7 @@ class DataPlane:
         self._reloader = reloader
         self._decoder = decoder
         self._store = store
+        self.peers: Peers | None = None  # the other replicas of a deployment (Ray Serve), told of every load
 
     def metadata(self, model: str, version: int | None = None) -> ModelMetadata:
         """A version's metadata (the active one, else the newest, by default), in any state.
@@ -120,26 +122,54 @@ class DataPlane:
 
     async def load(self, model: str, config: dict[str, Any] | None = None) -> tuple[int, ...]:
         """(Re)load a model from the repository, `config` replacing config.yaml keys; its ready versions once
-        settled.
+        settled (with peers, once every replica has loaded it).
 
         Raises:
             NotFoundError: no such model folder. BadRequestError: a bad config key. ConflictError: it failed.
         """
         entry = await self._reloader.load_model(model, config)
+        await self._tell(ControlOp("load", model, config=config))
         return tuple(entry.ready_versions)
 
     async def unload(self, model: str) -> None:
-        """Unload every version of a model (they finish their requests first)."""
+        """Unload every version of a model (they finish their requests first), on every replica."""
         await self._reloader.unload_model(model)
+        await self._tell(ControlOp("unload", model))
 
     async def apply(self, model: str, version: int | None = None, label: str | None = None) -> int | None:
         """Pin `version` (or the one `label` names) as the active version, or, with neither, unpin; the active
-        version once in place."""
+        version once in place (with peers, once every replica serves it)."""
+        if version is None and label is None:
+            active = (await self._reloader.unpin(model)).active_version
+            await self._tell(ControlOp("unpin", model))
+            return active
         if version is not None:
-            return (await self._reloader.apply(model, version)).version
-        if label is not None:
-            return (await self._reloader.apply_label(model, label)).version
-        return (await self._reloader.unpin(model)).active_version
+            pinned = (await self._reloader.apply(model, version)).version
+        else:
+            assert label is not None
+            pinned = (await self._reloader.apply_label(model, label)).version
+        await self._tell(ControlOp("apply", model, version=pinned))
+        return pinned
+
+    async def make(self, op: ControlOp) -> None:
+        """Make a change another replica was asked for (told to no one further).
+
+        Raises:
+            LayerserveError: it failed here (as `load`, `unload` and `apply` say).
+        """
+        if op.kind == "load":
+            await self._reloader.load_model(op.model, op.config)
+        elif op.kind == "unload":
+            await self._reloader.unload_model(op.model)
+        elif op.kind == "apply":
+            assert op.version is not None
+            await self._reloader.apply(op.model, op.version)
+        else:
+            await self._reloader.unpin(op.model)
+
+    async def _tell(self, op: ControlOp) -> None:
+        if self.peers is not None:
+            await self.peers.tell(op)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Named arrays in (model inputs, or layers to cut at), named outputs (model outputs or any layer) out.

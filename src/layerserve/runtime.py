@@ -15,6 +15,7 @@ from layerserve.dataplane import DataPlane
 from layerserve.features.cache import CacheBackend, FeatureCache, InProcessBackend, RedisBackend, wait_closed
 from layerserve.features.feature_store import FeatureStore
 from layerserve.features.images import ImageDecoder
+from layerserve.lifecycle.peers import Peers
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.lifecycle.worker_board import WorkerBoard
 from layerserve.metrics import sample_process
@@ -37,9 +38,13 @@ class Runtime:
     DataPlane), on the typed requests of messages.py.
     """
 
-    def __init__(self, settings: Settings, board: WorkerBoard | None = None, settle_first: bool = False) -> None:
+    def __init__(
+        self, settings: Settings, board: WorkerBoard | None = None, settle_first: bool = False,
+        peers: Peers | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.board = board
+        self.peers = peers
         self._settle_first = settle_first or board is not None
         self._cache_backend: CacheBackend = (
             RedisBackend(settings.redis_url, settings.redis_timeout_ms / 1000)
@@ -56,6 +61,7 @@ class Runtime:
         self.decoder = ImageDecoder(self._decode_pool, settings.max_image_pixels)
         self.feature_store = FeatureStore(store_backend, settings.cache_key_prefix)
         self.data = DataPlane(self.registry, self.reloader, self.decoder, self.feature_store)
+        self.data.peers = peers
         self.infer, self.classify, self.features = self.data.infer, self.data.classify, self.data.features
         self.jobs: JobRunner | None = None
         self.jobs_error = "training jobs are unavailable: the runtime has not started"
@@ -72,6 +78,9 @@ class Runtime:
         With a worker board (or `settle_first`: a Ray Serve replica), return only once the models have settled
         (then it takes traffic)."""
         self._tasks = [asyncio.create_task(self._keep_in_sync()), asyncio.create_task(self._sample_forever())]
+        if self.peers is not None:
+            is_ready = lambda: self.registry.is_ready and not self.draining.is_set()  # noqa: E731
+            self._tasks.append(asyncio.create_task(self.peers.run(self.data, is_ready)))
         self.jobs, self.jobs_error = self._open_jobs()
         if self._settle_first:
             await self.registry.wait_settled()
@@ -114,9 +123,9 @@ class Runtime:
     async def _serve_new_version(self, job: Job) -> None:
         assert job.version is not None
         if job.apply:
-            await self.reloader.apply(job.model, job.version)
+            await self.data.apply(job.model, job.version)
         else:
-            await self.reloader.load_model(job.model)
+            await self.data.load(job.model)
 
     def _open_jobs(self) -> tuple[JobRunner | None, str]:
         """The job runner, or None and why (fail-soft: serving goes on without training jobs)."""

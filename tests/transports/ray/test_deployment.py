@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from layerserve.settings import Settings
-from layerserve.transports.ray.deployment import RayOptions, build_app
+from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
 from layerserve.transports.ray.launch import wait_ready
 from layerserve.transports.ray.replica import REPLICA_HEADER
 from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
@@ -137,7 +137,8 @@ def _replicas() -> list[tuple[int, str]]:
     from ray.util.state import list_actors
 
     actors = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-    return [(a.pid, a.node_id) for a in actors if a.class_name.startswith("ServeReplica:layerserve")]
+    name = f"ServeReplica:layerserve:{DEPLOYMENT_NAME}"
+    return [(a.pid, a.node_id) for a in actors if a.class_name == name]
 
 
 def _under_load(url: str, fault: Callable[[], None]) -> tuple[list[int], list[str]]:
@@ -291,3 +292,77 @@ def test_a_training_job_through_the_cluster_is_served_by_every_replica(cluster_u
         assert len(versions) == 2 and set(versions.values()) == {"1"}, versions
         listed = _by_replica(client, "GET", f"/v2/jobs/{job_id}")  # one job store, seen by every replica
         assert {answer["state"] for answer in listed.values()} == {"succeeded"}
+
+
+def _requests_of(url: str, model: str) -> float:
+    """layerserve_requests_total of `model` in the ingress's /metrics (every replica's, summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "layerserve_requests_total" and sample.labels.get("model") == model
+    )
+
+
+def test_metrics_sum_every_replica_and_label_its_gauges(cluster_url: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    before = _requests_of(cluster_url, "multi")
+    features, tokens = np.ones((1, 4), np.float32), np.ones((1, 3), np.int32)
+    body = {
+        "inputs": [
+            {"name": "features", "shape": [1, 4], "datatype": "FP32", "data": features.ravel().tolist()},
+            {"name": "tokens", "shape": [1, 3], "datatype": "INT32", "data": tokens.ravel().tolist()},
+        ]
+    }
+    answered_by: set[str] = set()
+    with httpx.Client(base_url=cluster_url, timeout=60) as client:
+        for _ in range(30):
+            answer = client.post("/v2/models/multi/infer", json=body)
+            assert answer.status_code == 200, answer.text
+            answered_by.add(answer.headers[REPLICA_HEADER])
+    assert len(answered_by) == 2
+    deadline = time.monotonic() + 10  # the other replica's counts reach the board within a second
+    while _requests_of(cluster_url, "multi") - before < 30 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _requests_of(cluster_url, "multi") - before == 30
+    text = httpx.get(f"{cluster_url}/metrics", timeout=30).text
+    memory = [
+        sample.labels
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "process_resident_memory_bytes"
+    ]
+    labelled = {f"{labels['node']}/{labels['replica']}" for labels in memory}
+    assert answered_by <= labelled, (answered_by, labelled)
+
+
+def test_apply_unload_and_load_answer_once_every_replica_made_them(cluster_url: str) -> None:
+    x = np.full((1, 10), 0.5, np.float32)
+    body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    with httpx.Client(base_url=cluster_url, timeout=120) as client:
+        applied = client.post("/v2/models/mlp/versions/1/apply")
+        assert applied.status_code == 200, applied.text
+        served = _by_replica(client, "POST", "/v2/models/mlp/infer", json=body)  # at once: no poll waited for
+        assert {answer["model_version"] for answer in served.values()} == {"1"}, served
+        unpinned = client.post("/v2/models/mlp/apply", json={"version": "latest"})
+        assert unpinned.status_code == 200, unpinned.text
+        served = _by_replica(client, "POST", "/v2/models/mlp/infer", json=body)
+        assert len({answer["model_version"] for answer in served.values()}) == 1
+        assert "1" not in {answer["model_version"] for answer in served.values()}, served
+
+        unloaded = client.post("/v2/repository/models/cached/unload")
+        assert unloaded.status_code == 200, unloaded.text
+        refused: dict[str, int] = {}
+        for _ in range(200):
+            answer = client.post("/v2/models/cached/infer", json=body)
+            refused[answer.headers[REPLICA_HEADER]] = answer.status_code
+            if len(refused) == 2:
+                break
+        assert len(refused) == 2 and set(refused.values()) <= {404, 503}, refused
+        loaded = client.post("/v2/repository/models/cached/load")
+        assert loaded.status_code == 200, loaded.text
+        assert len(_by_replica(client, "POST", "/v2/models/cached/infer", json=body)) == 2

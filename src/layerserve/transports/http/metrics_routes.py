@@ -12,13 +12,18 @@ from starlette.routing import Route
 
 
 async def metrics(request: Request) -> Response:
-    """GET /metrics: this process's metrics, or with several workers every worker's, summed per metric."""
-    await asyncio.to_thread(request.app.state.runtime.sample_process)
+    """GET /metrics: this process's metrics, or with several workers every worker's, summed per metric (on Ray
+    Serve, every replica's: see transports/ray/metric_sum.py)."""
+    runtime = request.app.state.runtime
+    await asyncio.to_thread(runtime.sample_process)
     registry = REGISTRY
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    text = generate_latest(registry)
+    if runtime.peers is not None:
+        text = await runtime.peers.exposition(text)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 routes = [Route("/metrics", metrics, methods=["GET"])]

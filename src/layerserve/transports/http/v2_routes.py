@@ -36,7 +36,8 @@ async def live(request: Request) -> Response:
 async def ready(request: Request) -> Response:
     """GET /v2/health/ready: 200 once every model has settled (in every worker), else 503 (also once shutdown
     began)."""
-    is_ready = request.app.state.runtime.is_ready
+    runtime = request.app.state.runtime
+    is_ready = runtime.is_ready and (runtime.peers is None or await runtime.peers.is_every_group_ready())
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 

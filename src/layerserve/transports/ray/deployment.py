@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerserve.settings import Settings
+from layerserve.transports.ray.board import BOARD_NAME, Board
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,14 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
         )  # fmt: skip
     settings_json = settings.model_dump_json()
 
-    def build() -> Any:  # runs in each replica, when it starts
-        return replica_app(settings_json)
-
     class LayerserveReplica:
-        """One replica: the ASGI app built by `build`."""
+        """One replica: the app of replica_app, with a handle of the deployment's board."""
+
+        def __init__(self, board: Any) -> None:
+            self._board = board
+
+        def __serve_build_asgi_app__(self) -> Any:  # runs in each replica, when it starts
+            return replica_app(settings_json, self._board)
 
     actor_options: dict[str, Any] = {"num_cpus": chosen.replica_cpus, "num_gpus": chosen.replica_gpus}
     if chosen.resources:
@@ -64,5 +68,9 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
         ray_actor_options=actor_options,
         max_ongoing_requests=chosen.max_ongoing_requests,
         logging_config={"enable_access_log": False},  # layerserve's own access log (access_log) has the details
-    )(serve.ingress(build)(LayerserveReplica))
-    return deployment.bind()
+    )(serve.ingress()(LayerserveReplica))
+    board = serve.deployment(
+        name=BOARD_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
+        logging_config={"enable_access_log": False},
+    )(Board)  # fmt: skip
+    return deployment.bind(board.bind())

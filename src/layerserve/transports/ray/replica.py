@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from layerserve.logs import configure_logging
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
 from layerserve.transports.http.app import create_app
+from layerserve.transports.ray.deployment import DEPLOYMENT_NAME
+from layerserve.transports.ray.peers import RayPeers
 
 REPLICA_HEADER = "layerserve-replica"
+TELL_TIMEOUT_S = 120.0  # a load or apply asked of one replica waits this long for the others to make it
 
 
 def replica_identity() -> str:
@@ -40,10 +45,15 @@ class ReplicaHeaderMiddleware:
         await self._app(scope, receive, send_with_header)
 
 
-def replica_app(settings_json: str, identity: str | None = None) -> ASGIApp:
+def replica_app(settings_json: str, board: Any = None, identity: str | None = None, group: str = DEPLOYMENT_NAME,
+                groups: tuple[str, ...] = (DEPLOYMENT_NAME,)) -> ASGIApp:  # fmt: skip
     """The ASGI app of one replica: its runtime loads every model before the replica takes traffic (Ray Serve
-    runs the lifespan when the replica starts); one worker, no gRPC door of its own."""
+    runs the lifespan when the replica starts); one worker, no gRPC door of its own. With the deployment's
+    `board` (a handle), its loads, unloads and applies reach every replica, and /metrics and readiness cover
+    them all (see peers.py)."""
     settings = Settings.model_validate_json(settings_json).model_copy(update={"workers": 1, "grpc_port": 0})
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
-    app = create_app(Runtime(settings, settle_first=True))
-    return ReplicaHeaderMiddleware(app, identity or replica_identity())
+    identity = identity or replica_identity()
+    peers = None if board is None else RayPeers(board, identity, group, groups, TELL_TIMEOUT_S)
+    app = create_app(Runtime(settings, settle_first=True, peers=peers))
+    return ReplicaHeaderMiddleware(app, identity)
