@@ -212,7 +212,7 @@ def _add_ray_commands(commands: Any) -> None:
     ray_serve.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica reserves")
     ray_serve.add_argument("--http-port", type=int, default=8000, help="the port of Ray Serve's HTTP proxy")
     ray_serve.add_argument("--ready-timeout-s", type=float, default=600.0, help="how long to wait for every model")
-    add_settings_flags(ray_serve, skip={"model_repository", "port", "workers", "grpc_port"})
+    add_settings_flags(ray_serve, skip={"model_repository", "port", "workers"})  # grpc_port: Ray's gRPC proxy
     ray_serve.set_defaults(run=_ray_serve)
 
 

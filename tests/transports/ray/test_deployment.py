@@ -23,6 +23,7 @@ import pytest
 
 from layerserve.settings import Settings
 from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
+from layerserve.transports.ray.grpc_ingress import SERVICER_FUNCTION
 from layerserve.transports.ray.launch import wait_ready
 from layerserve.transports.ray.replica import REPLICA_HEADER
 from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.slow
 
 _PREFER_LOCAL = "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"
 CLUSTERS: dict[str, Any] = {}  # the fixture's cluster by URL, for the test that removes a node
+GRPC_PORTS: dict[str, int] = {}  # the port of Ray Serve's gRPC proxy by URL
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +72,12 @@ def cluster_url(ray_repository: Path, settings: Settings) -> Iterator[str]:
     for name in ("node_a", "node_b", "node_c"):  # two replicas, one per node; the third takes a lost one
         cluster.add_node(num_cpus=1, resources={name: 1})
     ray.init(address=cluster.address, logging_level="warning")
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     # One proxy, on the head (never removed): on one machine the nodes' proxies would share the port.
-    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    serve.start(
+        proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port},
+        grpc_options={"port": grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]},
+    )  # fmt: skip
     served = settings.model_copy(update={"model_repository": small, "reload_interval_s": 1, "redis_url": redis.url})
     options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1)
     serve.run(build_app(served, options), name="layerserve", route_prefix="/", blocking=False)
@@ -80,6 +85,7 @@ def cluster_url(ray_repository: Path, settings: Settings) -> Iterator[str]:
     try:
         wait_ready(url, 300)
         CLUSTERS[url] = cluster
+        GRPC_PORTS[url] = grpc_port
         yield url
     finally:
         serve.shutdown()
@@ -366,3 +372,53 @@ def test_apply_unload_and_load_answer_once_every_replica_made_them(cluster_url: 
         loaded = client.post("/v2/repository/models/cached/load")
         assert loaded.status_code == 200, loaded.text
         assert len(_by_replica(client, "POST", "/v2/models/cached/infer", json=body)) == 2
+
+
+def test_grpc_through_ray_serves_every_replica_as_keras(cluster_url: str, repository: Path) -> None:
+    import grpc
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+    from tritonclient.utils import InferenceServerException
+
+    mlp, address = load_reference(repository, "mlp", 2), f"127.0.0.1:{GRPC_PORTS[cluster_url]}"
+    client = grpcclient.InferenceServerClient(address)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("mlp", "2")
+    assert [t.name for t in client.get_model_metadata("mlp", "2").inputs] == ["x"]
+    x = np.random.default_rng(3).normal(size=(4, 10)).astype(np.float32)
+    tensor = grpcclient.InferInput("x", [4, 10], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("mlp", [tensor], model_version="2")
+    output = result.get_response().outputs[0].name
+    np.testing.assert_allclose(result.as_numpy(output), np.asarray(mlp(x)), atol=1e-5)
+    with pytest.raises(InferenceServerException) as unknown:
+        client.infer("no_such_model", [tensor])
+    assert unknown.value.status() == "StatusCode.NOT_FOUND" and "no_such_model" in unknown.value.message()
+    wrong = grpcclient.InferInput("x", [4, 10], "INT32")
+    wrong.set_data_from_numpy(x.astype(np.int32))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("mlp", [wrong], model_version="2")
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT" and "FP32" in refused.value.message()
+    assert client.is_server_live()  # the same connection serves on
+
+    replicas: set[str] = set()
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="mlp", model_version="2")
+        request.inputs.add(name="x", datatype="FP32", shape=[4, 10])
+        request.raw_input_contents.append(x.tobytes())
+        for _ in range(40):
+            _, call = stub.ModelInfer.with_call(request)
+            replicas.update(value for key, value in call.trailing_metadata() if key == REPLICA_HEADER)
+            if len(replicas) == 2:
+                break
+    assert len(replicas) == 2, replicas
+
+    stream = grpcclient.InferenceServerClient(address)
+    answers: list[Any] = []
+    stream.start_stream(callback=lambda result, error: answers.append(error or result))
+    for _ in range(3):
+        stream.async_stream_infer("mlp", [tensor], model_version="2")
+    stream.stop_stream()
+    assert len(answers) == 3 and all(not isinstance(a, Exception) for a in answers), answers
+    np.testing.assert_allclose(answers[0].as_numpy(output), np.asarray(mlp(x)), atol=1e-5)

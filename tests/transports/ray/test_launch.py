@@ -20,8 +20,11 @@ from tests.transports.ray.processes import ray_processes
 pytestmark = pytest.mark.slow
 
 
-def _check_serving(process: subprocess.Popen[str], port: int) -> None:
-    """The command prints its URL once every model is ready, serves, and exits 0 on SIGTERM (killed otherwise)."""
+def _check_serving(process: subprocess.Popen[str], port: int, grpc_port: int) -> None:
+    """The command prints its URL once every model is ready, serves (HTTP and gRPC), and exits 0 on SIGTERM
+    (killed otherwise)."""
+    import tritonclient.grpc as grpcclient
+
     try:
         assert process.stdout is not None
         line = process.stdout.readline()  # printed once every model is ready
@@ -30,6 +33,8 @@ def _check_serving(process: subprocess.Popen[str], port: int) -> None:
         assert ready.status_code == 200 and REPLICA_HEADER in ready.headers
         metadata = httpx.get(f"http://127.0.0.1:{port}/v2/models/mlp", timeout=30).json()
         assert metadata["state"] == "READY" and metadata["inputs"][0]["name"] == "x"
+        grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert grpc_client.is_server_ready() and grpc_client.is_model_ready("mlp")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     except BaseException:
@@ -41,14 +46,14 @@ def test_ray_serve_command_serves_until_sigterm(repository: Path, settings: Sett
     small = tmp_path / "repo"
     small.mkdir()
     (small / "mlp").symlink_to(repository / "mlp")
-    before, port = ray_processes(), free_port()
+    before, port, grpc_port = ray_processes(), free_port(), free_port()
     command = [
         sys.executable, "-m", "layerserve", "ray", "serve", str(small), "--address", "local", "--http-port",
         str(port), "--replicas", "1", "--replica-cpus", "0.5", "--engine-cache-dir", str(settings.engine_cache_dir),
-        "--reload-interval-s", "0",
+        "--reload-interval-s", "0", "--grpc-port", str(grpc_port),
     ]  # fmt: skip
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
-        _check_serving(process, port)
+        _check_serving(process, port, grpc_port)
     deadline = time.monotonic() + 30
     while ray_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)

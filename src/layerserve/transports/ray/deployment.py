@@ -30,13 +30,16 @@ class RayOptions:
 
 def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
     """The Ray Serve application (`serve.run(build_app(settings))`): `options.replicas` replicas, each serving
-    every model of `settings.model_repository` with the whole HTTP API (see replica_app).
+    every model of `settings.model_repository` with the whole HTTP API and, through Ray Serve's gRPC proxy,
+    GRPCInferenceService (see build_replica, grpc_ingress.py).
 
     The repository must be a path every node sees (shared storage); each replica loads every model itself.
     """
     from ray import serve
 
-    from layerserve.transports.ray.replica import replica_app
+    from layerserve.transports.grpc.servicer import InferenceServicer
+    from layerserve.transports.ray.grpc_ingress import GrpcMethods
+    from layerserve.transports.ray.replica import build_replica
 
     chosen = options or RayOptions()
     if chosen.replicas > 1 and not settings.redis_url:
@@ -46,14 +49,22 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
         )  # fmt: skip
     settings_json = settings.model_dump_json()
 
-    class LayerserveReplica:
-        """One replica: the app of replica_app, with a handle of the deployment's board."""
+    class LayerserveReplica(GrpcMethods):
+        """One replica (see build_replica), with a handle of the deployment's board; HTTP through its app, gRPC
+        through its methods (Ray Serve's gRPC proxy)."""
 
         def __init__(self, board: Any) -> None:
             self._board = board
+            self._servicer: InferenceServicer | None = None
 
         def __serve_build_asgi_app__(self) -> Any:  # runs in each replica, when it starts
-            return replica_app(settings_json, self._board)
+            replica = build_replica(settings_json, self._board)
+            self._servicer, self._grpc_identity = replica.grpc, replica.identity
+            return replica.app
+
+        def _grpc_servicer(self) -> InferenceServicer:
+            assert self._servicer is not None, "the replica has not started"
+            return self._servicer
 
     actor_options: dict[str, Any] = {"num_cpus": chosen.replica_cpus, "num_gpus": chosen.replica_gpus}
     if chosen.resources:

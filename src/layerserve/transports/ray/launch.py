@@ -13,6 +13,7 @@ import httpx
 from layerserve.errors import NotReadyError
 from layerserve.settings import Settings
 from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
+from layerserve.transports.ray.grpc_ingress import SERVICER_FUNCTION
 from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,18 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
         os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)  # the Ray started here inherits it
     ray.init(address=None if is_local else address, include_dashboard=False, logging_level=logging.WARNING)
     try:
-        serve.start(http_options={"host": settings.host, "port": http_port})
+        grpc = {"port": settings.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}  # Ray's gRPC proxy
+        serve.start(
+            http_options={"host": settings.host, "port": http_port}, grpc_options=grpc if settings.grpc_port else None
+        )
         serve.run(build_app(settings, options), name=DEPLOYMENT_NAME, route_prefix="/", blocking=False)
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
         wait_ready(f"http://{host}:{http_port}", ready_timeout_s)
         log.info("serving %s on Ray Serve at http://%s:%d (%d replicas)", settings.model_repository, host,
                  http_port, options.replicas)  # fmt: skip
-        print(f"layerserve on Ray Serve: http://{host}:{http_port} ({options.replicas} replicas)", flush=True)
+        grpc_line = f", gRPC {host}:{settings.grpc_port}" if settings.grpc_port else ""
+        print(f"layerserve on Ray Serve: http://{host}:{http_port}{grpc_line} ({options.replicas} replicas)",
+              flush=True)  # fmt: skip
         if not is_local:
             return 0
         stop = threading.Event()

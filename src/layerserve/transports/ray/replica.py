@@ -1,7 +1,9 @@
-"""The app one Ray Serve replica runs: create_app over its own Runtime, every answer naming the replica."""
+"""What one Ray Serve replica runs: create_app and the gRPC servicer over its own Runtime, every answer naming
+the replica."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -9,6 +11,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from layerserve.logs import configure_logging
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
+from layerserve.transports.grpc.calls import CallGuard
+from layerserve.transports.grpc.servicer import InferenceServicer, ServingState
 from layerserve.transports.http.app import create_app
 from layerserve.transports.ray.deployment import DEPLOYMENT_NAME
 from layerserve.transports.ray.peers import RayPeers
@@ -45,15 +49,26 @@ class ReplicaHeaderMiddleware:
         await self._app(scope, receive, send_with_header)
 
 
-def replica_app(settings_json: str, board: Any = None, identity: str | None = None, group: str = DEPLOYMENT_NAME,
-                groups: tuple[str, ...] = (DEPLOYMENT_NAME,)) -> ASGIApp:  # fmt: skip
-    """The ASGI app of one replica: its runtime loads every model before the replica takes traffic (Ray Serve
-    runs the lifespan when the replica starts); one worker, no gRPC door of its own. With the deployment's
-    `board` (a handle), its loads, unloads and applies reach every replica, and /metrics and readiness cover
-    them all (see peers.py)."""
+@dataclass(frozen=True)
+class Replica:
+    """What one replica serves: the ASGI app (HTTP), the servicer its gRPC methods run, and who it is."""
+
+    app: ASGIApp
+    grpc: InferenceServicer
+    identity: str
+
+
+def build_replica(settings_json: str, board: Any = None, identity: str | None = None, group: str = DEPLOYMENT_NAME,
+                  groups: tuple[str, ...] = (DEPLOYMENT_NAME,)) -> Replica:  # fmt: skip
+    """One replica: its runtime loads every model before the replica takes traffic (Ray Serve runs the app's
+    lifespan when the replica starts); one worker, no gRPC door of its own (Ray's gRPC proxy calls the
+    servicer). With the deployment's `board` (a handle), its loads, unloads and applies reach every replica,
+    and /metrics and readiness cover them all (see peers.py)."""
     settings = Settings.model_validate_json(settings_json).model_copy(update={"workers": 1, "grpc_port": 0})
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
     identity = identity or replica_identity()
     peers = None if board is None else RayPeers(board, identity, group, groups, TELL_TIMEOUT_S)
-    app = create_app(Runtime(settings, settle_first=True, peers=peers))
-    return ReplicaHeaderMiddleware(app, identity)
+    runtime = Runtime(settings, settle_first=True, peers=peers)
+    state = ServingState(runtime.registry, runtime.data, lambda: runtime.is_ready, settings.max_body_bytes)
+    servicer = InferenceServicer(state, CallGuard(settings.admin_token, settings.api_token, settings.access_log))
+    return Replica(ReplicaHeaderMiddleware(create_app(runtime), identity), servicer, identity)
