@@ -1,16 +1,26 @@
-"""Training job records: Job, its states, and JobStore (SQLite, shared by the server's worker processes)."""
+"""Training job records: Job, its states, JobStore (SQLite, shared by one machine's worker processes) and
+RedisJobStore (shared by replicas on several machines); `open_job_store` picks one."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from layerserve.errors import ConfigError, NotReadyError
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
 
 
 class JobState(StrEnum):
@@ -44,6 +54,7 @@ class Job:
     version: int | None = None
     error: str = ""
     owner: int = field(default_factory=os.getpid)  # the server process that runs it
+    host: str = field(default_factory=socket.gethostname)  # the machine of that server process
     pid: int | None = None  # its training process, while it runs
 
     @property
@@ -72,13 +83,13 @@ class Job:
 
 _COLUMNS = (
     "id", "model", "params", "apply", "rows", "state", "created_at", "started_at", "finished_at", "progress",
-    "history", "version", "error", "owner", "pid",
+    "history", "version", "error", "owner", "host", "pid",
 )  # fmt: skip
 _JSON_COLUMNS = {"params", "progress", "history"}
 _SCHEMA = {
     "model": "TEXT", "params": "TEXT", "apply": "INTEGER", "rows": "INTEGER", "state": "TEXT", "created_at": "REAL",
     "started_at": "REAL", "finished_at": "REAL", "progress": "TEXT", "history": "TEXT", "version": "INTEGER",
-    "error": "TEXT", "owner": "INTEGER", "pid": "INTEGER", "cancel_requested": "INTEGER DEFAULT 0",
+    "error": "TEXT", "owner": "INTEGER", "host": "TEXT", "pid": "INTEGER", "cancel_requested": "INTEGER DEFAULT 0",
 }  # fmt: skip
 
 
@@ -100,6 +111,9 @@ class JobStore:
                 for column, kind in _SCHEMA.items():  # adds what an older layerserve's table lacks
                     if column not in present:
                         self._connection.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+                if "host" not in present:
+                    # The file is local, so every older record was written by a server on this machine.
+                    self._connection.execute("UPDATE jobs SET host = ?", (socket.gethostname(),))
             except BaseException:
                 self._connection.execute("ROLLBACK")
                 raise
@@ -158,3 +172,154 @@ class JobStore:
         """Close the database."""
         with self._lock:
             self._connection.close()
+
+
+class JobRecords(Protocol):
+    """What the training jobs need of their records; JobStore and RedisJobStore both provide it."""
+
+    def save(self, job: Job) -> None:
+        """Insert or update the record; its cancel request stays as it is."""
+
+    def all(self) -> list[Job]:
+        """Every job, oldest first."""
+
+    def get(self, job_id: str) -> Job | None:
+        """One job, or None."""
+
+    def request_cancel(self, job_id: str, mark_cancelled: bool) -> None:
+        """Ask the job's owner to cancel it; `mark_cancelled` also records it cancelled (a queued job)."""
+
+    def is_cancel_requested(self, job_id: str) -> bool:
+        """Whether any server process asked to cancel the job."""
+
+    def close(self) -> None:
+        """Let go of the records."""
+
+
+class RedisJobStore:
+    """Job records on a Redis server, shared by server replicas on several machines.
+
+    `{prefix}jobs:{id}` is a hash: field `record` holds the job as JSON and field `cancel` the cancel request,
+    which saving the record never touches; `{prefix}jobs` is a sorted set of the ids by created_at. Every Redis
+    error comes out as NotReadyError (503), naming the server and what failed.
+    """
+
+    def __init__(self, url: str, prefix: str, timeout_s: float) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self._url = _without_password(url)
+        self._prefix = prefix
+        self._index = f"{prefix}jobs"
+        try:
+            # One immediate retry replaces a connection that died while idle (a restarted Redis), and keeps an
+            # outage's answer within two timeouts (the client's default is ten retries with backoff).
+            self._client = redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1)
+            )
+        except ValueError as error:
+            raise ConfigError(f"redis_url {self._url!r} is not a Redis URL ({error})") from error
+        with self._answering("answering PING"):
+            self._client.ping()
+
+    def save(self, job: Job) -> None:
+        """Insert or update the record; its cancel request stays as it is."""
+        data = {f.name: getattr(job, f.name) for f in fields(Job)}
+        data["state"] = job.state.value
+        # ASCII escapes: any str, even a lone surrogate, goes into Redis and comes back the same.
+        record = json.dumps(data)
+        with self._answering(f"saving job {job.id}"), self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key(job.id), "record", record)
+            pipe.zadd(self._index, {job.id: job.created_at})
+            pipe.execute()
+
+    def all(self) -> list[Job]:
+        """Every job, oldest first."""
+        with self._answering("listing jobs"):
+            ids = cast("list[bytes]", self._client.zrange(self._index, 0, -1))  # bytes: no decode_responses
+            with self._client.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hget(self._key(job_id.decode()), "record")
+                records: list[bytes | None] = pipe.execute()
+        return [_job_from_json(record) for record in records if record is not None]
+
+    def get(self, job_id: str) -> Job | None:
+        """One job, or None."""
+        with self._answering(f"reading job {job_id}"):
+            record: bytes | str | None = self._client.hget(self._key(job_id), "record")
+        return None if record is None else _job_from_json(record)
+
+    def request_cancel(self, job_id: str, mark_cancelled: bool) -> None:
+        """Ask the job's owner to cancel it; `mark_cancelled` also records it cancelled (a queued job)."""
+        key = self._key(job_id)
+
+        def cancel(pipe: Pipeline) -> None:
+            # Runs under WATCH: a save in between makes EXEC fail and redis-py run this again on the new record.
+            record: bytes | str | None = pipe.hget(key, "record")
+            if record is None:
+                return  # an unknown job: nothing to flag, as in JobStore
+            pipe.multi()
+            pipe.hset(key, "cancel", "1")
+            if mark_cancelled:
+                data = json.loads(record)
+                data.update(state=JobState.CANCELLED.value, error="cancelled while queued", finished_at=time.time())
+                pipe.hset(key, "record", json.dumps(data))
+
+        with self._answering(f"requesting the cancel of job {job_id}"):
+            self._client.transaction(cancel, key)
+
+    def is_cancel_requested(self, job_id: str) -> bool:
+        """Whether any server process asked to cancel the job."""
+        with self._answering(f"reading the cancel request of job {job_id}"):
+            return bool(self._client.hexists(self._key(job_id), "cancel"))
+
+    def close(self) -> None:
+        """Close the connections."""
+        with self._answering("closing the connections"):
+            self._client.close()
+
+    def _key(self, job_id: str) -> str:
+        return f"{self._prefix}jobs:{job_id}"
+
+    @contextmanager
+    def _answering(self, action: str) -> Iterator[None]:
+        import redis
+
+        try:
+            yield
+        except redis.RedisError as error:
+            failed = "did not answer" if isinstance(error, redis.ConnectionError | redis.TimeoutError) else "failed"
+            raise NotReadyError(
+                f"training job records are unavailable: Redis at {self._url} {failed} while {action} "
+                f"({type(error).__name__}: {error})"
+            ) from error
+
+
+def open_job_store(records_dir: Path, redis_url: str | None, prefix: str, timeout_s: float) -> JobRecords:
+    """RedisJobStore on `redis_url` when one is set (replicas on several machines), else JobStore in `records_dir`."""
+    if redis_url:
+        return RedisJobStore(redis_url, prefix, timeout_s)
+    return JobStore(records_dir / "jobs.sqlite3")
+
+
+_JOB_FIELDS = frozenset(f.name for f in fields(Job))
+
+
+def _job_from_json(record: bytes | str) -> Job:
+    # Fields this layerserve does not know (a newer replica's) are left out rather than failing every read.
+    data = {name: value for name, value in json.loads(record).items() if name in _JOB_FIELDS}
+    data["state"] = JobState(data["state"])
+    return Job(**data)
+
+
+def _without_password(url: str) -> str:
+    """The URL as it can be shown: without a password in the user part or the query."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(an unreadable URL)"
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
+    return urlunsplit(parts._replace(netloc=f"{user}@{hostport}" if user else hostport, query=query))
