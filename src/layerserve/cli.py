@@ -104,7 +104,9 @@ def _ray_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
     if not settings.model_repository.is_dir():
         raise LayerserveError(f"model repository {settings.model_repository} is not a folder")
-    options = RayOptions(replicas=args.replicas, replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus)
+    options = RayOptions(
+        replicas=args.replicas, replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus, job_cpus=args.job_cpus
+    )
     return launch(settings, options, args.address, args.http_port, args.ready_timeout_s)
 
 
@@ -210,6 +212,8 @@ def _add_ray_commands(commands: Any) -> None:
     ray_serve.add_argument("--replicas", type=int, default=1, help="replicas, each serving every model")
     ray_serve.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica reserves")
     ray_serve.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica reserves")
+    ray_serve.add_argument("--job-cpus", type=float, default=1.0,
+                           help="CPUs each training job (a Ray task, on any node) reserves")  # fmt: skip
     ray_serve.add_argument("--http-port", type=int, default=8000, help="the port of Ray Serve's HTTP proxy")
     ray_serve.add_argument("--ready-timeout-s", type=float, default=600.0, help="how long to wait for every model")
     add_settings_flags(ray_serve, skip={"model_repository", "port", "workers"})  # grpc_port: Ray's gRPC proxy

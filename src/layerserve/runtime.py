@@ -12,6 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from layerserve.dataplane import DataPlane
+from layerserve.errors import LayerserveError
 from layerserve.features.cache import CacheBackend, FeatureCache, InProcessBackend, RedisBackend, wait_closed
 from layerserve.features.feature_store import FeatureStore
 from layerserve.features.images import ImageDecoder
@@ -21,10 +22,13 @@ from layerserve.lifecycle.worker_board import WorkerBoard
 from layerserve.metrics import sample_process
 from layerserve.serving.registry import ModelRegistry
 from layerserve.settings import Settings
-from layerserve.training.job_store import Job
+from layerserve.training.job_store import Job, open_job_store
 from layerserve.training.jobs import JobRunner
+from layerserve.training.launchers import TrainingLauncher
 
 log = logging.getLogger(__name__)
+
+_JOB_RECORDS_TIMEOUT_S = 5.0  # a job record is worth waiting for (redis_timeout_ms is the feature cache's)
 
 
 class Runtime:
@@ -40,11 +44,12 @@ class Runtime:
 
     def __init__(
         self, settings: Settings, board: WorkerBoard | None = None, settle_first: bool = False,
-        peers: Peers | None = None,
+        peers: Peers | None = None, launcher: TrainingLauncher | None = None,
     ) -> None:  # fmt: skip
         self.settings = settings
         self.board = board
         self.peers = peers
+        self._launcher = launcher
         self._settle_first = settle_first or board is not None
         self._cache_backend: CacheBackend = (
             RedisBackend(settings.redis_url, settings.redis_timeout_ms / 1000)
@@ -128,14 +133,20 @@ class Runtime:
             await self.data.load(job.model)
 
     def _open_jobs(self) -> tuple[JobRunner | None, str]:
-        """The job runner, or None and why (fail-soft: serving goes on without training jobs)."""
+        """The job runner, or None and why (fail-soft: serving goes on without training jobs). Its records are
+        in Redis with `redis_url` (replicas on several machines share them), else in SQLite."""
         settings = self.settings
         try:
-            runner = JobRunner(
-                settings.job_records_dir, settings.training_threads, settings.model_repository, self._serve_new_version
+            store = open_job_store(
+                settings.job_records_dir, settings.redis_url, settings.cache_key_prefix, _JOB_RECORDS_TIMEOUT_S
             )
-        except (OSError, sqlite3.Error) as error:
-            reason = f"training jobs are unavailable: {settings.job_records_dir}: {error}"
+            runner = JobRunner(
+                settings.job_records_dir, settings.training_threads, settings.model_repository,
+                self._serve_new_version, store, self._launcher,
+            )  # fmt: skip
+        except (OSError, sqlite3.Error, LayerserveError) as error:
+            where = "Redis" if settings.redis_url else settings.job_records_dir
+            reason = f"training jobs are unavailable: {where}: {error}"
             log.error("%s", reason)
             return None, reason
         return runner, ""

@@ -99,7 +99,9 @@ class Settings(BaseModel):
         description="Load models that contain Lambda layers or custom code (never for untrusted files).",
     )
     jobs_dir: Path | None = Field(
-        None, description="Where training job records (SQLite) and their data live (none: `<repository>/.jobs`)."
+        None,
+        description="Where training job records (SQLite; in Redis with `redis_url`) and their data live (none: "
+        "`<repository>/.jobs`).",
     )
     data_dir: Path | None = Field(
         None, description="The folder training jobs may read server-side datasets from (none: uploads only)."

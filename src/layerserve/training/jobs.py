@@ -1,5 +1,6 @@
 """JobRunner: each training job run in its own process, one at a time per model, with progress and cancel,
-and the new version applied or left to the version policy (records: layerserve.training.job_store)."""
+and the new version applied or left to the version policy (records: layerserve.training.job_store; where the
+process runs: layerserve.training.launchers)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import os
 import shutil
 import signal
-import sys
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,14 +20,15 @@ from typing import Any
 
 from layerserve.errors import LayerserveError, NotFoundError
 from layerserve.lifecycle.worker_board import is_process_alive
-from layerserve.training.job_store import Job, JobState, JobStore
+from layerserve.training.job_store import Job, JobRecords, JobState, JobStore
+from layerserve.training.launchers import LocalLauncher, TrainingLauncher, TrainingRun
 from layerserve.training.recipe import TextTrainingParams
 from layerserve.training.train_job import DATA_FILE, JOB_FILE
 
 log = logging.getLogger(__name__)
 
-_STDERR_TAIL = 2000  # characters of a crashed job's stderr kept as its error
 _TERMINATE_GRACE_S = 5.0
+_CANCEL_POLL_S = 0.5
 
 
 OnVersion = Callable[[Job], Awaitable[None]]
@@ -35,18 +37,23 @@ OnVersion = Callable[[Job], Awaitable[None]]
 class JobRunner:
     """Queues and runs training jobs: one process per job, one job at a time per model."""
 
-    def __init__(self, jobs_dir: Path, threads: int, repository: Path, on_version: OnVersion) -> None:
+    def __init__(
+        self, jobs_dir: Path, threads: int, repository: Path, on_version: OnVersion, store: JobRecords | None = None,
+        launcher: TrainingLauncher | None = None,
+    ) -> None:  # fmt: skip
         self._dir = jobs_dir
         self._threads = threads
         self._repository = repository
         self._on_version = on_version
-        self._store = JobStore(jobs_dir / "jobs.sqlite3")
+        self._store = store or JobStore(jobs_dir / "jobs.sqlite3")
+        self._launcher = launcher or LocalLauncher()
         self._jobs: dict[str, Job] = {}  # this process's own jobs
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._processes: dict[str, asyncio.subprocess.Process] = {}
-        for job in self._store.all():
-            if not job.is_finished and not is_process_alive(job.owner):  # its server process stopped meanwhile
+        self._processes: dict[str, TrainingRun] = {}
+        host = socket.gethostname()
+        for job in self._store.all():  # a job of a server process of this machine that stopped meanwhile
+            if not job.is_finished and job.host == host and not is_process_alive(job.owner):
                 self._finish(job, JobState.FAILED, f"interrupted: the server stopped while the job was {job.state}")
                 self._remove_leftovers(job)
 
@@ -66,8 +73,13 @@ class JobRunner:
         return job
 
     def submit(self, model: str, texts: list[str], labels: list[str], params: TextTrainingParams, apply: bool) -> Job:
-        """Record a job, write its data, and queue it behind the model's other jobs."""
+        """Record a job, write its data, and queue it behind the model's other jobs.
+
+        Raises:
+            NotReadyError: its record cannot be written (Redis gone); nothing is left of it.
+        """
         job = Job(uuid.uuid4().hex[:16], model, params.model_dump(), apply, len(texts))
+        self._store.save(job)  # first: a job that cannot be recorded is not started
         job_dir = self._dir / job.id
         job_dir.mkdir(parents=True)
         with (job_dir / DATA_FILE).open("w", encoding="utf-8") as data:
@@ -76,7 +88,6 @@ class JobRunner:
         spec = {"model_dir": str(self._repository / model), "params": job.params, "tag": job.id}
         (job_dir / JOB_FILE).write_text(json.dumps({**spec, "threads": self._threads}), encoding="utf-8")
         self._jobs[job.id] = job
-        self._store.save(job)
         self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"job-{job.id}")
         return job
 
@@ -99,16 +110,17 @@ class JobRunner:
             self._remove_leftovers(job)
             return job
         job.error = "cancelled while running"  # _execute sees it when the process ends
-        await _terminate(process)
+        await process.terminate()
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
         return job
 
     async def _cancel_elsewhere(self, job: Job) -> Job:
-        """Cancel a job another worker process owns: through the shared records, and a signal to its
-        training process; its owner records the end."""
+        """Cancel a job another server process (a worker, a replica) owns: through the shared records, which its
+        owner watches, and a signal to its training process if that runs on this machine; its owner records the
+        end."""
         self._store.request_cancel(job.id, mark_cancelled=job.state == JobState.QUEUED)
-        if job.state == JobState.RUNNING and job.pid is not None:
+        if job.state == JobState.RUNNING and job.pid is not None and job.host == socket.gethostname():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(job.pid, signal.SIGTERM)
         # The owner is another process: the shared records are the only thing to wait on (bounded).
@@ -127,7 +139,7 @@ class JobRunner:
             if not job.is_finished:
                 job.error = "cancelled: the server shut down"
                 if job_id in self._processes:
-                    await _terminate(self._processes[job_id])
+                    await self._processes[job_id].terminate()
         for task in list(self._tasks.values()):
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
@@ -141,7 +153,7 @@ class JobRunner:
         lock = self._locks.setdefault(job.model, asyncio.Lock())
         try:
             async with lock:
-                if not job.is_finished and self._store.is_cancel_requested(job.id):
+                if not job.is_finished and self._cancel_requested(job.id):
                     self._finish(job, JobState.CANCELLED, "cancelled while queued")
                 if job.is_finished:
                     return
@@ -156,37 +168,33 @@ class JobRunner:
 
     async def _execute(self, job: Job) -> None:
         job.state, job.started_at = JobState.RUNNING, time.time()
-        self._store.save(job)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "layerserve.training.train_job", str(self._dir / job.id),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        self._record(job)
+        process = await self._launcher.start(self._dir / job.id)
         self._processes[job.id] = process
         job.pid = process.pid
-        self._store.save(job)
-        assert process.stdout is not None and process.stderr is not None
-        stderr = asyncio.create_task(process.stderr.read())
+        self._record(job)
+        watching = asyncio.create_task(self._watch_cancel(job, process))
         reported_error = ""
         try:
-            async for line in process.stdout:
+            async for line in process.lines():
                 message = _parse_line(line)
                 if "progress" in message:
                     job.progress = message["progress"]
                     if "loss" in job.progress:
                         job.history.append(job.progress)
-                    self._store.save(job)
+                    self._record(job)
                 elif "version" in message:
                     job.version = int(message["version"])
                 elif "error" in message:
                     reported_error = str(message["error"])
-            code = await process.wait()
+            code, errors = await process.wait()
         finally:
+            watching.cancel()
             self._processes.pop(job.id, None)
             job.pid = None
-        errors = (await stderr).decode("utf-8", "replace")
         if job.version is not None:
             await self._serve(job)
-        elif job.error.startswith("cancelled") or self._store.is_cancel_requested(job.id):
+        elif job.error.startswith("cancelled") or self._cancel_requested(job.id):
             self._finish(job, JobState.CANCELLED, job.error or "cancelled while running")
         else:
             why = reported_error or _crash_reason(code, errors)
@@ -194,6 +202,13 @@ class JobRunner:
         if job.version is None:
             self._remove_leftovers(job)
         shutil.rmtree(self._dir / job.id, ignore_errors=True)
+
+    async def _watch_cancel(self, job: Job, process: TrainingRun) -> None:
+        """Stop the job's process once another server process asks to cancel it (in the shared records)."""
+        while not await asyncio.to_thread(self._cancel_requested, job.id):
+            await asyncio.sleep(_CANCEL_POLL_S)
+        job.error = "cancelled while running"
+        await process.terminate()
 
     async def _serve(self, job: Job) -> None:
         """Make the new version serve (pinned with apply, else per the version policy); the job succeeds
@@ -207,8 +222,22 @@ class JobRunner:
 
     def _finish(self, job: Job, state: JobState, error: str) -> None:
         job.state, job.error, job.finished_at = state, error, time.time()
-        self._store.save(job)
+        self._record(job)
         log.log(logging.ERROR if state == JobState.FAILED else logging.INFO, "job %s %s %s", job.id, state, error)
+
+    def _record(self, job: Job) -> None:
+        """Save a running job's record; records that cannot be written (Redis gone) do not stop the job."""
+        try:
+            self._store.save(job)
+        except LayerserveError as error:
+            log.error("job %s: its record is not saved: %s", job.id, error.message)
+
+    def _cancel_requested(self, job_id: str) -> bool:
+        try:
+            return self._store.is_cancel_requested(job_id)
+        except LayerserveError as error:
+            log.error("job %s: its cancel requests cannot be read: %s", job_id, error.message)
+            return False
 
     def _remove_leftovers(self, job: Job) -> None:
         """A job that did not finish leaves no staging folder and no data behind."""
@@ -232,17 +261,5 @@ def _crash_reason(code: int, stderr: str) -> str:
         head = f"the training process was killed by {name}"
     else:
         head = f"the training process exited with code {code}"
-    tail = stderr.strip()[-_STDERR_TAIL:]
+    tail = stderr.strip()
     return f"{head}: {tail}" if tail else head
-
-
-async def _terminate(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM, then SIGKILL after a grace period."""
-    with contextlib.suppress(ProcessLookupError):
-        process.terminate()
-    try:
-        await asyncio.wait_for(process.wait(), _TERMINATE_GRACE_S)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()

@@ -79,7 +79,8 @@ def cluster_url(ray_repository: Path, settings: Settings) -> Iterator[str]:
         grpc_options={"port": grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]},
     )  # fmt: skip
     served = settings.model_copy(update={"model_repository": small, "reload_interval_s": 1, "redis_url": redis.url})
-    options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1)
+    # A training job reserves half a CPU: it fits beside a replica, on any node.
+    options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1, job_cpus=0.5)
     serve.run(build_app(served, options), name="layerserve", route_prefix="/", blocking=False)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -296,8 +297,33 @@ def test_a_training_job_through_the_cluster_is_served_by_every_replica(cluster_u
                 break
             time.sleep(0.05)
         assert len(versions) == 2 and set(versions.values()) == {"1"}, versions
-        listed = _by_replica(client, "GET", f"/v2/jobs/{job_id}")  # one job store, seen by every replica
+        listed = _by_replica(client, "GET", f"/v2/jobs/{job_id}")  # one job store (Redis), seen by every replica
         assert {answer["state"] for answer in listed.values()} == {"succeeded"}
+    from ray.util.state import list_tasks
+
+    trained = list_tasks(filters=[("func_or_class_name", "=", "_run_on_node")], limit=100)
+    assert [task.state for task in trained] == ["FINISHED"], trained  # the job ran as a Ray task
+
+
+def test_a_training_job_is_cancelled_through_any_replica(cluster_url: str) -> None:
+    texts, labels = english_reviews(300)
+    body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 200, "seed": 1}}
+    with httpx.Client(base_url=cluster_url, timeout=60) as client:
+        started = client.post("/v2/models/en_long/train", json=body)
+        assert started.status_code == 202, started.text
+        job_id, owner = started.json()["job_id"], started.headers[REPLICA_HEADER]
+        deadline = time.monotonic() + 120
+        while client.get(f"/v2/jobs/{job_id}").json()["progress"].get("epoch", 0) < 1:  # training, in its task
+            assert time.monotonic() < deadline, client.get(f"/v2/jobs/{job_id}").json()
+            time.sleep(0.2)
+        for _ in range(200):  # sent until a replica that does not own the job takes it
+            cancelled = client.post(f"/v2/jobs/{job_id}/cancel")
+            assert cancelled.status_code == 200, cancelled.text
+            if cancelled.headers[REPLICA_HEADER] != owner:
+                break
+        job = wait_for(cluster_url, job_id, {"succeeded", "failed", "cancelled"}, timeout_s=60)
+        assert job["state"] == "cancelled", job
+        assert client.get("/v2/models/en_long").status_code == 404  # no version was written
 
 
 def _requests_of(url: str, model: str) -> float:

@@ -19,7 +19,7 @@ from layerserve.transports.ray.deployment import RayOptions, build_app
 
 _OPTIONS: dict[str, type[int] | type[float]] = {
     "replicas": int, "replica_cpus": float, "replica_gpus": float, "max_ongoing_requests": int,
-    "max_replicas_per_node": int,
+    "max_replicas_per_node": int, "job_cpus": float,
 }  # fmt: skip
 
 

@@ -18,11 +18,12 @@ DEPLOYMENT_NAME = "layerserve"
 @dataclass(frozen=True)
 class RayOptions:
     """How many replicas, what each one reserves of its node (Ray resources) and how many may share a node
-    (0: no limit)."""
+    (0: no limit); the CPUs each training job's Ray task reserves, on whichever node has them."""
 
     replicas: int = 1
     replica_cpus: float = 1.0
     replica_gpus: float = 0.0
+    job_cpus: float = 1.0
     max_ongoing_requests: int = 256
     max_replicas_per_node: int = 0
     resources: tuple[tuple[str, float], ...] = ()
@@ -58,7 +59,7 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
             self._servicer: InferenceServicer | None = None
 
         def __serve_build_asgi_app__(self) -> Any:  # runs in each replica, when it starts
-            replica = build_replica(settings_json, self._board)
+            replica = build_replica(settings_json, self._board, job_cpus=chosen.job_cpus)
             self._servicer, self._grpc_identity = replica.grpc, replica.identity
             return replica.app
 

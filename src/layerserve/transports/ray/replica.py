@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from layerserve.logs import configure_logging
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
+from layerserve.training.launchers import RayLauncher
 from layerserve.transports.grpc.calls import CallGuard
 from layerserve.transports.grpc.servicer import InferenceServicer, ServingState
 from layerserve.transports.http.app import create_app
@@ -59,16 +60,17 @@ class Replica:
 
 
 def build_replica(settings_json: str, board: Any = None, identity: str | None = None, group: str = DEPLOYMENT_NAME,
-                  groups: tuple[str, ...] = (DEPLOYMENT_NAME,)) -> Replica:  # fmt: skip
+                  groups: tuple[str, ...] = (DEPLOYMENT_NAME,), job_cpus: float = 1.0) -> Replica:  # fmt: skip
     """One replica: its runtime loads every model before the replica takes traffic (Ray Serve runs the app's
     lifespan when the replica starts); one worker, no gRPC door of its own (Ray's gRPC proxy calls the
     servicer). With the deployment's `board` (a handle), its loads, unloads and applies reach every replica,
-    and /metrics and readiness cover them all (see peers.py)."""
+    and /metrics and readiness cover them all (see peers.py). Its training jobs run as Ray tasks reserving
+    `job_cpus` (see training/launchers.py)."""
     settings = Settings.model_validate_json(settings_json).model_copy(update={"workers": 1, "grpc_port": 0})
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
     identity = identity or replica_identity()
     peers = None if board is None else RayPeers(board, identity, group, groups, TELL_TIMEOUT_S)
-    runtime = Runtime(settings, settle_first=True, peers=peers)
+    runtime = Runtime(settings, settle_first=True, peers=peers, launcher=RayLauncher(job_cpus))
     state = ServingState(runtime.registry, runtime.data, lambda: runtime.is_ready, settings.max_body_bytes)
     servicer = InferenceServicer(state, CallGuard(settings.admin_token, settings.api_token, settings.access_log))
     return Replica(ReplicaHeaderMiddleware(create_app(runtime), identity), servicer, identity)
