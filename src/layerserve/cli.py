@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from layerserve import __version__
-from layerserve.errors import LayerserveError
+from layerserve.errors import ConfigError, LayerserveError
 from layerserve.logs import configure_logging
-from layerserve.settings import Settings, load_settings
+from layerserve.settings import RAY_SECTION, Settings, load_settings, read_config_file
 from layerserve.training.recipe import TextTrainingParams
 
 log = logging.getLogger("layerserve")
@@ -97,16 +97,21 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _ray_serve(args: argparse.Namespace) -> int:
-    from layerserve.transports.ray.deployment import RayOptions
     from layerserve.transports.ray.launch import launch
+    from layerserve.transports.ray.options import parse_group, ray_options
 
     settings = _settings(args, model_repository=args.repository)
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
     if not settings.model_repository.is_dir():
         raise LayerserveError(f"model repository {settings.model_repository} is not a folder")
-    options = RayOptions(
-        replicas=args.replicas, replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus, job_cpus=args.job_cpus
-    )
+    section = read_config_file(args.config).get(RAY_SECTION, {}) if args.config else {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{args.config}: the `ray:` section must be a mapping of Ray options")
+    given = {"replicas": args.replicas, "replica_cpus": args.replica_cpus, "replica_gpus": args.replica_gpus,
+             "job_cpus": args.job_cpus}  # fmt: skip
+    values = {**section, **{key: value for key, value in given.items() if value is not None}}
+    values["groups"] = {**section.get("groups", {}), **dict(parse_group(flag) for flag in args.group or ())}
+    options = ray_options(values)
     return launch(settings, options, args.address, args.http_port, args.ready_timeout_s)
 
 
@@ -209,11 +214,15 @@ def _add_ray_commands(commands: Any) -> None:
     ray_serve.add_argument("--address", default="local",
                            help="local (start Ray here, serve until stopped), auto, HOST:PORT or ray://HOST:PORT "
                                 "(deploy to that cluster and return once ready)")  # fmt: skip
-    ray_serve.add_argument("--replicas", type=int, default=1, help="replicas, each serving every model")
-    ray_serve.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica reserves")
-    ray_serve.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica reserves")
-    ray_serve.add_argument("--job-cpus", type=float, default=1.0,
-                           help="CPUs each training job (a Ray task, on any node) reserves")  # fmt: skip
+    ray_serve.add_argument("--replicas", type=int, help="replicas, each serving every model in no group (1)")
+    ray_serve.add_argument("--replica-cpus", type=float, help="CPUs each replica reserves (1)")
+    ray_serve.add_argument("--replica-gpus", type=float, help="GPUs each replica reserves (0)")
+    ray_serve.add_argument(
+        "--job-cpus", type=float, help="CPUs each training job (a Ray task, on any node) reserves (1)"
+    )
+    ray_serve.add_argument("--group", action="append", metavar="PATTERNS:REPLICAS[:CPUS]",
+                           help="models (comma-separated shell patterns) served by replicas of their own, e.g. "
+                           "'efficientnet*:2'; repeatable; more in the config file's `ray:` section")  # fmt: skip
     ray_serve.add_argument("--http-port", type=int, default=8000, help="the port of Ray Serve's HTTP proxy")
     ray_serve.add_argument("--ready-timeout-s", type=float, default=600.0, help="how long to wait for every model")
     add_settings_flags(ray_serve, skip={"model_repository", "port", "workers"})  # grpc_port: Ray's gRPC proxy

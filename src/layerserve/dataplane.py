@@ -157,6 +157,8 @@ class DataPlane:
         Raises:
             LayerserveError: it failed here (as `load`, `unload` and `apply` say).
         """
+        if not self._registry.settings.serves_model(op.model):  # another group's model
+            return
         if op.kind == "load":
             await self._reloader.load_model(op.model, op.config)
         elif op.kind == "unload":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import tomllib
@@ -32,6 +33,11 @@ class Settings(BaseModel):
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
     grpc_port: int = Field(
         8001, ge=0, le=65535, description="TCP port of the gRPC (V2, Triton-compatible) service, on `host` (0: off)."
+    )
+    models: str = Field(
+        "",
+        description="Serve only the model folders matching these comma-separated shell patterns (`!pattern` "
+        "excludes; e.g. `efficientnet*` or `!efficientnet*`); empty: every folder.",
     )
     reload_interval_s: float = Field(
         2.0, ge=0, description="Seconds between polls of the repository for new, changed or removed versions (0: off)."
@@ -141,6 +147,16 @@ class Settings(BaseModel):
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
 
+    def serves_model(self, name: str) -> bool:
+        """Whether the model folder `name` is served (see `models`): it matches an including pattern (or there
+        is none) and no excluding one."""
+        patterns = [p.strip() for p in self.models.split(",") if p.strip()]
+        included = [p for p in patterns if not p.startswith("!")]
+        excluded = [p[1:] for p in patterns if p.startswith("!")]
+        return (not included or any(fnmatch.fnmatchcase(name, p) for p in included)) and not any(
+            fnmatch.fnmatchcase(name, p) for p in excluded
+        )
+
     @property
     def job_records_dir(self) -> Path:
         """The folder of training job records: `jobs_dir`, else `.jobs` in the repository."""
@@ -148,7 +164,7 @@ class Settings(BaseModel):
 
 
 def _format_default(value: object) -> str:
-    if value is None:
+    if value is None or value == "":
         return "none"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
@@ -194,6 +210,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return {str(key).replace("-", "_"): value for key, value in data.items()}
 
 
+RAY_SECTION = "ray"
+
+
 def load_settings(
     flags: Mapping[str, Any] | None = None,
     config_file: Path | None = None,
@@ -205,6 +224,7 @@ def load_settings(
         ConfigError: a value is invalid or a key unknown; the message names it.
     """
     values: dict[str, Any] = read_config_file(config_file) if config_file else {}
+    values.pop(RAY_SECTION, None)  # `layerserve ray serve`'s (transports/ray/options.py), not a setting
     values.update(_env_values(os.environ if environ is None else environ))
     values.update({key: value for key, value in (flags or {}).items() if value is not None})
     try:

@@ -55,7 +55,7 @@ class Reloader:
         """Load every model of the repository now (no stability wait), then mark the registry settled."""
         try:
             async with self._lock:
-                for folder in model_folders(self._repository):
+                for folder in self._served_folders():
                     await self._sync(folder.name, wait_for_copies=False)
         finally:
             self._registry.mark_settled()
@@ -72,7 +72,7 @@ class Reloader:
     async def poll(self) -> None:
         """One pass over the repository: new, changed and removed models and versions."""
         async with self._lock:
-            present = {folder.name for folder in model_folders(self._repository)}
+            present = {folder.name for folder in self._served_folders()}
             for name in sorted(present):
                 entry = self._registry.models.get(name)
                 if entry is None or not entry.is_unloaded:
@@ -93,6 +93,7 @@ class Reloader:
             LoadFailedError: no version of it could be loaded.
         """
         check_model_name(name)
+        self._check_served(name)
         if config:
             check_config_override(config)
         async with self._lock:
@@ -135,6 +136,7 @@ class Reloader:
             RepositoryWriteError: the pin cannot be written.
         """
         check_model_name(name)
+        self._check_served(name)
         async with self._lock:
             spec = self._scan(name)
             if number not in spec.present:
@@ -179,6 +181,19 @@ class Reloader:
             self._registry.entry(name)
             write_pin(self._repository / name, None)
             return await self._sync(name, wait_for_copies=False)
+
+    def _served_folders(self) -> list[Path]:
+        return [
+            folder for folder in model_folders(self._repository) if self._registry.settings.serves_model(folder.name)
+        ]
+
+    def _check_served(self, name: str) -> None:
+        """Raises NotFoundError for a model folder this server does not serve (setting `models`)."""
+        if not self._registry.settings.serves_model(name):
+            raise NotFoundError(
+                f"model '{name}' is not served here: the setting models ({self._registry.settings.models!r}) "
+                "leaves it out"
+            )
 
     def _scan(self, name: str) -> ModelSpec:
         return scan_model(self._repository / name, self._overrides.get(name))

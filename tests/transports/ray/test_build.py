@@ -32,5 +32,20 @@ def test_the_config_file_builder_takes_options_and_settings() -> None:
     assert app._bound_deployment.num_replicas == 3
     with pytest.raises(ConfigError, match="unknown key"):
         build({"replicaz": 2})
-    with pytest.raises(ConfigError, match="does not fit"):
+    with pytest.raises(ConfigError, match=r"ray option .replicas.: Input should be a valid integer"):
         build({"replicas": "many"})
+
+
+def test_each_group_is_a_deployment_of_its_own() -> None:
+    from layerserve.transports.ray.options import ray_options
+
+    options = ray_options({"replicas": 2, "groups": {"images": {"models": ["efficientnet*"], "replicas": 3}}})
+    app = build_app(Settings(model_repository="models", models="!legacy*"), options)
+    ingress = app._bound_deployment
+    assert ingress.name == "layerserve" and ingress.num_replicas == 2
+    board, groups = ingress.init_args
+    images = groups["images"]._bound_deployment
+    assert images.name == "layerserve-images" and images.num_replicas == 3
+    assert board._bound_deployment.name == "layerserve-board"
+    served = Settings.model_validate_json(images.init_args[1])
+    assert served.serves_model("efficientnet_lite0") and not served.serves_model("mlp")

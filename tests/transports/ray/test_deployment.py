@@ -80,7 +80,9 @@ def cluster_url(ray_repository: Path, settings: Settings) -> Iterator[str]:
     )  # fmt: skip
     served = settings.model_copy(update={"model_repository": small, "reload_interval_s": 1, "redis_url": redis.url})
     # A training job reserves half a CPU: it fits beside a replica, on any node.
-    options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1, job_cpus=0.5)
+    # `multi` is a group of its own: one replica, which the ingress replicas hand its requests.
+    group = {"models": ["multi"], "replicas": 1, "replica_cpus": 0.25}
+    options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1, job_cpus=0.5, groups={"multi": group})
     serve.run(build_app(served, options), name="layerserve", route_prefix="/", blocking=False)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -342,25 +344,20 @@ def _requests_of(url: str, model: str) -> float:
 def test_metrics_sum_every_replica_and_label_its_gauges(cluster_url: str) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    before = _requests_of(cluster_url, "multi")
-    features, tokens = np.ones((1, 4), np.float32), np.ones((1, 3), np.int32)
-    body = {
-        "inputs": [
-            {"name": "features", "shape": [1, 4], "datatype": "FP32", "data": features.ravel().tolist()},
-            {"name": "tokens", "shape": [1, 3], "datatype": "INT32", "data": tokens.ravel().tolist()},
-        ]
-    }
+    before = _requests_of(cluster_url, "mlp")
+    x = np.ones((1, 10), np.float32)
+    body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
     answered_by: set[str] = set()
     with httpx.Client(base_url=cluster_url, timeout=60) as client:
         for _ in range(30):
-            answer = client.post("/v2/models/multi/infer", json=body)
+            answer = client.post("/v2/models/mlp/infer", json=body)
             assert answer.status_code == 200, answer.text
             answered_by.add(answer.headers[REPLICA_HEADER])
     assert len(answered_by) == 2
     deadline = time.monotonic() + 10  # the other replica's counts reach the board within a second
-    while _requests_of(cluster_url, "multi") - before < 30 and time.monotonic() < deadline:
+    while _requests_of(cluster_url, "mlp") - before < 30 and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _requests_of(cluster_url, "multi") - before == 30
+    assert _requests_of(cluster_url, "mlp") - before == 30
     text = httpx.get(f"{cluster_url}/metrics", timeout=30).text
     memory = [
         sample.labels
@@ -407,14 +404,15 @@ def test_grpc_through_ray_serves_every_replica_as_keras(cluster_url: str, reposi
     from tritonclient.grpc import service_pb2_grpc
     from tritonclient.utils import InferenceServerException
 
+    # `cached` serves mlp's version 2 (the tests before moved mlp's own versions on)
     mlp, address = load_reference(repository, "mlp", 2), f"127.0.0.1:{GRPC_PORTS[cluster_url]}"
     client = grpcclient.InferenceServerClient(address)
-    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("mlp", "2")
-    assert [t.name for t in client.get_model_metadata("mlp", "2").inputs] == ["x"]
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("cached", "2")
+    assert [t.name for t in client.get_model_metadata("cached", "2").inputs] == ["x"]
     x = np.random.default_rng(3).normal(size=(4, 10)).astype(np.float32)
     tensor = grpcclient.InferInput("x", [4, 10], "FP32")
     tensor.set_data_from_numpy(x)
-    result = client.infer("mlp", [tensor], model_version="2")
+    result = client.infer("cached", [tensor], model_version="2")
     output = result.get_response().outputs[0].name
     np.testing.assert_allclose(result.as_numpy(output), np.asarray(mlp(x)), atol=1e-5)
     with pytest.raises(InferenceServerException) as unknown:
@@ -423,14 +421,14 @@ def test_grpc_through_ray_serves_every_replica_as_keras(cluster_url: str, reposi
     wrong = grpcclient.InferInput("x", [4, 10], "INT32")
     wrong.set_data_from_numpy(x.astype(np.int32))
     with pytest.raises(InferenceServerException) as refused:
-        client.infer("mlp", [wrong], model_version="2")
+        client.infer("cached", [wrong], model_version="2")
     assert refused.value.status() == "StatusCode.INVALID_ARGUMENT" and "FP32" in refused.value.message()
     assert client.is_server_live()  # the same connection serves on
 
     replicas: set[str] = set()
     with grpc.insecure_channel(address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        request = pb.ModelInferRequest(model_name="mlp", model_version="2")
+        request = pb.ModelInferRequest(model_name="cached", model_version="2")
         request.inputs.add(name="x", datatype="FP32", shape=[4, 10])
         request.raw_input_contents.append(x.tobytes())
         for _ in range(40):
@@ -444,7 +442,52 @@ def test_grpc_through_ray_serves_every_replica_as_keras(cluster_url: str, reposi
     answers: list[Any] = []
     stream.start_stream(callback=lambda result, error: answers.append(error or result))
     for _ in range(3):
-        stream.async_stream_infer("mlp", [tensor], model_version="2")
+        stream.async_stream_infer("cached", [tensor], model_version="2")
     stream.stop_stream()
     assert len(answers) == 3 and all(not isinstance(a, Exception) for a in answers), answers
     np.testing.assert_allclose(answers[0].as_numpy(output), np.asarray(mlp(x)), atol=1e-5)
+
+
+def test_a_group_serves_its_models_behind_the_ingress(cluster_url: str) -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+
+    features, tokens = np.ones((2, 4), np.float32), np.ones((2, 3), np.int32)
+    inputs = [
+        {"name": "features", "shape": [2, 4], "datatype": "FP32", "data": features.ravel().tolist()},
+        {"name": "tokens", "shape": [2, 3], "datatype": "INT32", "data": tokens.ravel().tolist()},
+    ]
+    with httpx.Client(base_url=cluster_url, timeout=60) as client:
+        mlp = _by_replica(client, "GET", "/v2/models/mlp/ready")  # the two ingress replicas
+        group = {
+            client.post("/v2/models/multi/infer", json={"inputs": inputs}).headers[REPLICA_HEADER] for _ in range(10)
+        }
+        assert len(group) == 1 and not group & set(mlp), (group, set(mlp))  # multi's one replica, of its own
+        assert client.get("/v2/models/multi").json()["state"] == "READY"
+        assert client.get("/v1/models/multi").status_code == 200  # TF Serving's paths go to the group too
+        refused = client.post("/v2/models/multi/infer", json={"inputs": inputs[:1]})
+        assert refused.status_code == 400 and "tokens" in refused.json()["error"]
+        index = client.post("/v2/repository/index", json={}).json()  # every group's models in one list
+        assert {"cached", "mlp", "multi"} <= {row["name"] for row in index}, index
+        stats = client.get("/v2/models/stats").json()["model_stats"]
+        assert {"mlp", "multi"} <= {row["name"] for row in stats}
+        assert client.get("/v2/health/ready").status_code == 200  # every group has a ready replica
+        labelled = client.get("/metrics").text
+    (replica,) = group
+    assert f'replica="{replica.split("/")[1]}"' in labelled  # the group's replica posts its metrics too
+
+    with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORTS[cluster_url]}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="multi")
+        request.inputs.add(name="features", datatype="FP32", shape=[2, 4]).contents.fp32_contents.extend(
+            features.ravel()
+        )
+        request.inputs.add(name="tokens", datatype="INT32", shape=[2, 3]).contents.int_contents.extend(tokens.ravel())
+        answer, call = stub.ModelInfer.with_call(request)
+        assert answer.model_name == "multi" and dict(call.trailing_metadata())[REPLICA_HEADER] == replica
+        index = stub.RepositoryIndex(pb.RepositoryIndexRequest())
+        assert {"mlp", "multi"} <= {row.name for row in index.models}
+        with pytest.raises(grpc.RpcError) as refused_call:
+            stub.ModelInfer(pb.ModelInferRequest(model_name="multi"))
+        assert refused_call.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -1,5 +1,5 @@
-"""`layerserve ray serve --address local` as a user runs it: a local Ray, every model served, SIGTERM stops it
-with status 0 and no Ray process left behind."""
+"""`layerserve ray serve --address local` as a user runs it: a local Ray, every model served (one in a group of
+its own), over HTTP and gRPC; SIGTERM stops it with status 0 and no Ray process left behind."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def _check_serving(process: subprocess.Popen[str], port: int, grpc_port: int) ->
         assert ready.status_code == 200 and REPLICA_HEADER in ready.headers
         metadata = httpx.get(f"http://127.0.0.1:{port}/v2/models/mlp", timeout=30).json()
         assert metadata["state"] == "READY" and metadata["inputs"][0]["name"] == "x"
+        grouped = httpx.get(f"http://127.0.0.1:{port}/v2/models/multi", timeout=30)  # the group's replica
+        assert grouped.status_code == 200 and grouped.json()["state"] == "READY", grouped.text
         grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         assert grpc_client.is_server_ready() and grpc_client.is_model_ready("mlp")
         process.send_signal(signal.SIGTERM)
@@ -46,11 +48,12 @@ def test_ray_serve_command_serves_until_sigterm(repository: Path, settings: Sett
     small = tmp_path / "repo"
     small.mkdir()
     (small / "mlp").symlink_to(repository / "mlp")
+    (small / "multi").symlink_to(repository / "multi")
     before, port, grpc_port = ray_processes(), free_port(), free_port()
     command = [
         sys.executable, "-m", "layerserve", "ray", "serve", str(small), "--address", "local", "--http-port",
         str(port), "--replicas", "1", "--replica-cpus", "0.5", "--engine-cache-dir", str(settings.engine_cache_dir),
-        "--reload-interval-s", "0", "--grpc-port", str(grpc_port),
+        "--reload-interval-s", "0", "--grpc-port", str(grpc_port), "--group", "multi:1:0.25",
     ]  # fmt: skip
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
         _check_serving(process, port, grpc_port)

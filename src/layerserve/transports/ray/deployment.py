@@ -4,85 +4,80 @@ compose their own Ray Serve application."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from layerserve.settings import Settings
 from layerserve.transports.ray.board import BOARD_NAME, Board
+from layerserve.transports.ray.options import RayOptions
 
 log = logging.getLogger(__name__)
 
 DEPLOYMENT_NAME = "layerserve"
+__all__ = ["DEPLOYMENT_NAME", "RayOptions", "build_app"]
 
 
-@dataclass(frozen=True)
-class RayOptions:
-    """How many replicas, what each one reserves of its node (Ray resources) and how many may share a node
-    (0: no limit); the CPUs each training job's Ray task reserves, on whichever node has them."""
-
-    replicas: int = 1
-    replica_cpus: float = 1.0
-    replica_gpus: float = 0.0
-    job_cpus: float = 1.0
-    max_ongoing_requests: int = 256
-    max_replicas_per_node: int = 0
-    resources: tuple[tuple[str, float], ...] = ()
+def _served(settings: Settings, models: str) -> str:
+    """The settings' JSON for replicas that serve `models` (patterns, see the setting)."""
+    return settings.model_copy(update={"models": models}).model_dump_json()
 
 
 def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
-    """The Ray Serve application (`serve.run(build_app(settings))`): `options.replicas` replicas, each serving
-    every model of `settings.model_repository` with the whole HTTP API and, through Ray Serve's gRPC proxy,
-    GRPCInferenceService (see build_replica, grpc_ingress.py).
+    """The Ray Serve application (`serve.run(build_app(settings))`): the ingress deployment's replicas serve
+    every model of `settings.model_repository` that is in no group, with the whole HTTP API and, through Ray
+    Serve's gRPC proxy, GRPCInferenceService (see build_replica, grpc_ingress.py); each group's deployment
+    serves its models, the ingress handing it their requests (group_router.py); a board keeps them in step.
 
-    The repository must be a path every node sees (shared storage); each replica loads every model itself.
+    The repository must be a path every node sees (shared storage); each replica loads its models itself.
     """
     from ray import serve
 
     from layerserve.transports.grpc.servicer import InferenceServicer
+    from layerserve.transports.ray.group_replica import GroupReplica
+    from layerserve.transports.ray.group_router import GroupRouter
     from layerserve.transports.ray.grpc_ingress import GrpcMethods
     from layerserve.transports.ray.replica import build_replica
 
     chosen = options or RayOptions()
-    if chosen.replicas > 1 and not settings.redis_url:
+    counts = [chosen, *chosen.groups.values()]
+    if any(c.replicas > 1 or (c.autoscaling and c.autoscaling.max > 1) for c in counts) and not settings.redis_url:
         log.warning(
-            "%d replicas and no redis_url: each replica has a feature cache and store of its own (a feature stored "
-            "through one is not found through another); set redis_url to share them", chosen.replicas,
-        )  # fmt: skip
-    settings_json = settings.model_dump_json()
+            "several replicas and no redis_url: each replica has a feature cache and store of its own (a feature "
+            "stored through one is not found through another); set redis_url to share them"
+        )
+    names = (DEPLOYMENT_NAME, *chosen.groups)
+    excluded = [f"!{pattern}" for group in chosen.groups.values() for pattern in group.models]
+    ingress_json = _served(settings, ",".join(filter(None, [settings.models, *excluded])))
+    logs = {"enable_access_log": False}  # layerserve's own access log (access_log) has the details
 
     class LayerserveReplica(GrpcMethods):
-        """One replica (see build_replica), with a handle of the deployment's board; HTTP through its app, gRPC
-        through its methods (Ray Serve's gRPC proxy)."""
+        """One ingress replica (see build_replica), with handles of the board and of every group; HTTP through
+        its app, gRPC through its methods (Ray Serve's gRPC proxy)."""
 
-        def __init__(self, board: Any) -> None:
+        def __init__(self, board: Any, groups: dict[str, Any]) -> None:
             self._board = board
+            self._grpc_groups = (chosen, groups)
             self._servicer: InferenceServicer | None = None
 
         def __serve_build_asgi_app__(self) -> Any:  # runs in each replica, when it starts
-            replica = build_replica(settings_json, self._board, job_cpus=chosen.job_cpus)
+            replica = build_replica(ingress_json, self._board, groups=names, job_cpus=chosen.job_cpus)
             self._servicer, self._grpc_identity = replica.grpc, replica.identity
-            return replica.app
+            return GroupRouter(replica.app, chosen, self._grpc_groups[1]) if chosen.groups else replica.app
 
         def _grpc_servicer(self) -> InferenceServicer:
             assert self._servicer is not None, "the replica has not started"
             return self._servicer
 
-    actor_options: dict[str, Any] = {"num_cpus": chosen.replica_cpus, "num_gpus": chosen.replica_gpus}
-    if chosen.resources:
-        actor_options["resources"] = dict(chosen.resources)
-    placement: dict[str, Any] = (
-        {"max_replicas_per_node": chosen.max_replicas_per_node} if chosen.max_replicas_per_node else {}
-    )
-    deployment = serve.deployment(
-        name=DEPLOYMENT_NAME,
-        **placement,
-        num_replicas=chosen.replicas,
-        ray_actor_options=actor_options,
-        max_ongoing_requests=chosen.max_ongoing_requests,
-        logging_config={"enable_access_log": False},  # layerserve's own access log (access_log) has the details
-    )(serve.ingress()(LayerserveReplica))
     board = serve.deployment(
         name=BOARD_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
-        logging_config={"enable_access_log": False},
-    )(Board)  # fmt: skip
-    return deployment.bind(board.bind())
+        logging_config=logs,
+    )(Board).bind()  # fmt: skip
+    groups = {
+        name: serve.deployment(name=f"{DEPLOYMENT_NAME}-{name}", logging_config=logs, **group.deployment_options())(
+            GroupReplica
+        ).bind(board, _served(settings, ",".join(group.models)), name, names, chosen.job_cpus)
+        for name, group in chosen.groups.items()
+    }
+    ingress = serve.deployment(name=DEPLOYMENT_NAME, logging_config=logs, **chosen.deployment_options())(
+        serve.ingress()(LayerserveReplica)
+    )
+    return ingress.bind(board, groups)

@@ -19,6 +19,8 @@ import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from layerserve.transports.grpc.servicer import InferenceServicer
+from layerserve.transports.ray.group_router import forward
+from layerserve.transports.ray.options import RayOptions
 
 SERVICER_FUNCTION = "layerserve.transports.ray.grpc_ingress.add_servicer_to_server"
 
@@ -79,10 +81,74 @@ class RayContext:
         await self._write(message)
 
 
+class CapturedCall:
+    """A call's context as a group's replica sees it: the ingress's metadata in, status and details out."""
+
+    def __init__(self, metadata: Any) -> None:
+        self._metadata = metadata
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    def invocation_metadata(self) -> Any:
+        """The metadata the ingress received."""
+        return self._metadata
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        """Record the status."""
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        """Record the status message."""
+        self.details = details
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        """Ignored: the ingress names the replica."""
+
+
+async def run_captured(servicer: InferenceServicer, name: str, request: Any, metadata: Any, identity: str) -> Any:
+    """Run one RPC in a group's replica: (answer or None, status or None, details, the replica)."""
+    call = CapturedCall(metadata)
+    try:
+        answer = await getattr(servicer, name)(request, RayContext(call, identity))
+    except RpcAbortedError:
+        answer = None
+    return answer, call.code, call.details, identity
+
+
+_MODEL_FIELD = {
+    "ModelReady": "name", "ModelMetadata": "name", "ModelInfer": "model_name", "ModelConfig": "name",
+    "ModelStatistics": "name", "RepositoryModelLoad": "model_name", "RepositoryModelUnload": "model_name",
+}  # fmt: skip
+_MERGED = {"RepositoryIndex": "models", "ModelStatistics": "model_stats"}  # when they name no model
+
+
 def _unary(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     async def method(self: GrpcMethods, request: Any, grpc_context: Any) -> Any:
-        rpc = getattr(self._grpc_servicer(), name)
-        return await rpc(request, RayContext(grpc_context, self._grpc_identity))
+        options, handles = self._grpc_groups
+        model = getattr(request, _MODEL_FIELD[name]) if name in _MODEL_FIELD else ""
+        group = options.group_of(model) if model and options is not None else None
+        if group is not None:
+            try:
+                answer, code, details, replica = await forward(
+                    handles, group, "handle_grpc", name, request, grpc_context.invocation_metadata()
+                )
+            except Exception as error:  # both attempts lost their replica
+                lost = f"no replica of group {group!r} answered ({error!r}); try again"
+                await RayContext(grpc_context, self._grpc_identity).abort(grpc.StatusCode.UNAVAILABLE, lost)
+            grpc_context.set_trailing_metadata([("layerserve-replica", replica)])
+            if code is not None and code != grpc.StatusCode.OK:
+                await RayContext(grpc_context, replica).abort(code, details)
+            return answer
+        answer = await getattr(self._grpc_servicer(), name)(request, RayContext(grpc_context, self._grpc_identity))
+        if name in _MERGED and not model:
+            for other in handles:
+                theirs, code, details, _ = await forward(
+                    handles, other, "handle_grpc", name, request, grpc_context.invocation_metadata()
+                )
+                if code is not None and code != grpc.StatusCode.OK:
+                    await RayContext(grpc_context, self._grpc_identity).abort(code, f"group {other}: {details}")
+                getattr(answer, _MERGED[name]).extend(getattr(theirs, _MERGED[name]))
+        return answer
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"GRPCInferenceService/{name} (see InferenceServicer.{name})."
@@ -94,12 +160,14 @@ class GrpcMethods:
     class it is mixed into."""
 
     _grpc_identity = ""
+    _grpc_groups: tuple[RayOptions | None, dict[str, Any]] = (None, {})  # the groups, and their handles
 
     def _grpc_servicer(self) -> InferenceServicer:
         raise NotImplementedError
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], grpc_context: Any) -> AsyncIterator[Any]:  # noqa: N802
-        """GRPCInferenceService/ModelStreamInfer: each answer yielded as it is done."""
+        """GRPCInferenceService/ModelStreamInfer: each answer yielded as it is done (the models of this replica's
+        group only: a stream is not split over groups)."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
         context = RayContext(grpc_context, self._grpc_identity, queue.put)

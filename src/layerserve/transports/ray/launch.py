@@ -74,7 +74,8 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
         log.info("serving %s on Ray Serve at http://%s:%d (%d replicas)", settings.model_repository, host,
                  http_port, options.replicas)  # fmt: skip
         grpc_line = f", gRPC {host}:{settings.grpc_port}" if settings.grpc_port else ""
-        print(f"layerserve on Ray Serve: http://{host}:{http_port}{grpc_line} ({options.replicas} replicas)",
+        groups = "".join(f", group {name}: {group.replicas}" for name, group in options.groups.items())
+        print(f"layerserve on Ray Serve: http://{host}:{http_port}{grpc_line} ({options.replicas} replicas{groups})",
               flush=True)  # fmt: skip
         if not is_local:
             return 0

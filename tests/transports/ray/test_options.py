@@ -1,0 +1,74 @@
+"""RayOptions without a cluster: groups from flags and from a config file's `ray:` section, what they inherit,
+which group a model is in, and the errors that name what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from layerserve.errors import ConfigError
+from layerserve.settings import Settings, load_settings
+from layerserve.transports.ray.group_router import model_of_path
+from layerserve.transports.ray.options import parse_group, ray_options
+
+
+def test_a_group_flag_names_its_models_replicas_and_cpus() -> None:
+    assert parse_group("efficientnet*:2") == ("efficientnet", {"models": ("efficientnet*",), "replicas": 2})
+    name, values = parse_group("big_*,huge:3:1.5")
+    assert name == "big" and values == {"models": ("big_*", "huge"), "replicas": 3, "replica_cpus": 1.5}
+    with pytest.raises(ConfigError, match="PATTERN"):
+        parse_group("efficientnet*")
+
+
+def test_groups_inherit_the_top_level_and_route_by_pattern() -> None:
+    options = ray_options({
+        "replicas": 2, "replica_cpus": 0.5, "max_replicas_per_node": 1,
+        "groups": {"images": {"models": ["efficientnet*", "mobilenet"], "replicas": 3, "autoscaling": {"max": 4}}},
+    })  # fmt: skip
+    images = options.groups["images"]
+    assert images.replicas == 3 and images.replica_cpus == 0.5 and images.max_replicas_per_node == 1
+    assert images.deployment_options()["autoscaling_config"] == {
+        "min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 2.0,
+    }  # fmt: skip
+    assert "num_replicas" not in images.deployment_options()
+    assert options.deployment_options()["num_replicas"] == 2
+    assert options.group_of("efficientnet_lite0") == "images" and options.group_of("mobilenet") == "images"
+    assert options.group_of("mobilenet_v2") is None and options.group_of("tokens") is None
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"replicaz": 2}, "ray option 'replicaz': unknown key"),
+        ({"groups": {"x": {"replicas": 2}}}, "ray option 'groups.x.models'"),
+        ({"groups": {"Big Models": {"models": ["a"]}}}, "group name 'Big Models'"),
+        ({"groups": {"x": {"models": ["a"], "autoscaling": {"min": 5, "max": 2}}}}, "min (5) is above max (2)"),
+    ],
+)
+def test_bad_ray_options_name_what_is_wrong(values: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        ray_options(values)
+    assert named in error.value.message
+
+
+def test_the_ray_section_of_a_config_file_is_not_a_setting(tmp_path: Path) -> None:
+    config = tmp_path / "layerserve.yaml"
+    config.write_text("max_batch_size: 8\nray:\n  replicas: 2\n  groups: {big: {models: [big*]}}\n")
+    assert load_settings(config_file=config).max_batch_size == 8
+
+
+def test_the_models_setting_includes_and_excludes_folders() -> None:
+    every = Settings()
+    assert every.serves_model("anything")
+    only = Settings(models="efficientnet*, mlp")
+    assert only.serves_model("efficientnet_lite0") and only.serves_model("mlp") and not only.serves_model("multi")
+    rest = Settings(models="!efficientnet*")
+    assert rest.serves_model("mlp") and not rest.serves_model("efficientnet_lite0")
+
+
+def test_the_model_of_a_request_path() -> None:
+    assert model_of_path("/v2/models/efficientnet/versions/2/infer") == "efficientnet"
+    assert model_of_path("/v2/repository/models/mlp/load") == "mlp"
+    assert model_of_path("/v1/models/mlp:predict") == "mlp" and model_of_path("/v1/models/mlp/versions/1") == "mlp"
+    assert model_of_path("/v2/models/stats") is None and model_of_path("/v2/jobs/abc") is None
