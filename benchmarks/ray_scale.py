@@ -1,7 +1,7 @@
 """Native `layerserve serve` vs `layerserve ray serve` with 1 and 2 replicas, in one run, on the demo repository.
 
     .venv/bin/python benchmarks/ray_scale.py [--duration-s 10] [--concurrency 8 32] [--replica-cpus 1]
-                                             [--ingress proxy haproxy] [--models token_classifier ...]
+                                             [--ingress proxy haproxy haproxy-lean] [--models token_classifier ...]
 
 Each setup serves the demo repository on this machine (Ray: `--address local`, its proxy in front); each model
 gets the V2 binary tensor workload of `layerserve bench` (the feature cache bypassed), one concurrency level at
@@ -34,9 +34,17 @@ from layerserve.demo import build_demo_repository
 MODELS = ("token_classifier", "efficientnet_lite0")
 # Ray Serve 2.60's ingresses: its Python proxy (the default); HAProxy in front of replicas that serve HTTP
 # themselves (direct ingress).
+# "haproxy-lean" also runs the app on the replica's own event loop (Ray Serve hands each request to a second loop,
+# in another thread, by default) and gives HAProxy one thread (4 by default) on these 2 cores.
 INGRESS = {
     "proxy": {},
     "haproxy": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+    "haproxy-lean": {
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+        "RAY_SERVE_HAPROXY_NBTHREAD": "1",
+    },
 }
 
 
@@ -48,7 +56,7 @@ def ray_server(
     command = [
         sys.executable, "-m", "layerserve", "ray", "serve", str(repository), "--address", "local",
         "--http-port", str(port), "--replicas", str(replicas), "--replica-cpus", str(replica_cpus),
-        "--engine-cache-dir", str(cache), "--log-level", "warning",
+        "--engine-cache-dir", str(cache), "--log-level", "warning", "--grpc-port", "0",
     ]  # fmt: skip
     env = {**os.environ, **INGRESS[ingress]}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.slow
 _PREFER_LOCAL = "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"
 CLUSTERS: dict[str, Any] = {}  # the fixture's cluster by URL, for the test that removes a node
 GRPC_PORTS: dict[str, int] = {}  # the port of Ray Serve's gRPC proxy by URL
+REDIS: dict[str, RedisServer] = {}  # the cluster's Redis by URL, for the test that stops it
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,7 @@ def cluster_url(ray_repository: Path, settings: Settings) -> Iterator[str]:
         wait_ready(url, 300)
         CLUSTERS[url] = cluster
         GRPC_PORTS[url] = grpc_port
+        REDIS[url] = redis
         yield url
     finally:
         serve.shutdown()
@@ -491,3 +493,24 @@ def test_a_group_serves_its_models_behind_the_ingress(cluster_url: str) -> None:
         with pytest.raises(grpc.RpcError) as refused_call:
             stub.ModelInfer(pb.ModelInferRequest(model_name="multi"))
         assert refused_call.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_redis_gone_is_cache_misses_and_job_routes_503(cluster_url: str, repository: Path) -> None:
+    mlp, redis = load_reference(repository, "mlp", 2), REDIS[cluster_url]
+    x = np.full((1, 10), 0.75, np.float32)
+    body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    redis.kill()
+    try:
+        with httpx.Client(base_url=cluster_url, timeout=60) as client:
+            answers = _by_replica(client, "POST", "/v2/models/cached/infer", json=body)  # computed: misses
+            for answer in answers.values():
+                np.testing.assert_allclose(answer["outputs"][0]["data"], np.asarray(mlp(x))[0], atol=1e-5)
+            jobs = client.get("/v2/jobs")
+            assert jobs.status_code == 503 and "Redis" in jobs.json()["error"], jobs.text
+    finally:
+        redis.start()  # on its port again: the replicas' clients reconnect
+    with httpx.Client(base_url=cluster_url, timeout=60) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/v2/jobs").status_code != 200:
+            assert time.monotonic() < deadline, "the job records did not come back with Redis"
+            time.sleep(0.5)
