@@ -177,7 +177,7 @@ def _format_default(value: object) -> str:
 
 
 def settings_table() -> str:
-    """The README's table of settings, made from the Settings fields (a test keeps the README equal)."""
+    """The table of settings in docs/cli.md, made from the Settings fields (a test keeps the page equal)."""
     rows = ["| setting | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         rows.append(f"| `{name}` | {_format_default(field.default)} | {field.description} |")
