@@ -190,6 +190,10 @@ def _wait_back(url: str, gone: Callable[[list[tuple[int, str]]], bool]) -> list[
         time.sleep(1)
     replicas = _replicas()
     assert len(replicas) == 2 and not gone(replicas), replicas
+    # Readiness is every group's, as the board sees it: a group replica (or the board) that was on the lost node
+    # starts again elsewhere and posts within a second of starting.
+    while time.monotonic() < deadline and httpx.get(f"{url}/v2/health/ready", timeout=30).status_code != 200:
+        time.sleep(0.5)
     assert httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200
     return replicas
 
