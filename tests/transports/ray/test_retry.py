@@ -15,20 +15,26 @@ pytestmark = pytest.mark.anyio
 
 
 class LosingApp:
-    """Loses the first `losses` requests (ends them without an answer, or with a 500 no replica wrote)."""
+    """Loses the first `losses` requests as Ray's proxy does when their replica dies: `how` is "silent" (ended
+    without an answer), "500" (a 500 no replica wrote), "start" (a replica's start, then no body) or "raise"."""
 
-    def __init__(self, losses: int, with_500: bool = False) -> None:
-        self.losses, self.with_500 = losses, with_500
+    def __init__(self, losses: int, how: str = "silent") -> None:
+        self.losses, self.how = losses, how
         self.bodies: list[bytes] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.bodies.append((await receive())["body"])
+        start = {"type": "http.response.start", "status": 200, "headers": [(REPLICA_HEADER.encode(), b"n/r")]}
         if len(self.bodies) <= self.losses:
-            if self.with_500:
+            if self.how == "500":
                 await send({"type": "http.response.start", "status": 500, "headers": []})
                 await send({"type": "http.response.body", "body": b"Internal Server Error"})
+            elif self.how == "start":
+                await send(start)
+            elif self.how == "raise":
+                raise RuntimeError("the replica's actor died")
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(REPLICA_HEADER.encode(), b"n/r")]})
+        await send(start)
         await send({"type": "http.response.body", "body": b"answer"})
 
 
@@ -47,9 +53,9 @@ async def _call(app: LosingApp, method: str = "POST", path: str = "/v2/models/m/
     return sent
 
 
-@pytest.mark.parametrize("with_500", [False, True])
-async def test_a_lost_request_is_sent_again_once_with_its_body(with_500: bool) -> None:
-    app = LosingApp(1, with_500)
+@pytest.mark.parametrize("how", ["silent", "500", "start", "raise"])
+async def test_a_lost_request_is_sent_again_once_with_its_body(how: str) -> None:
+    app = LosingApp(1, how)
     sent = await _call(app)
     assert app.bodies == [b'{"inputs": []}'] * 2
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
@@ -57,7 +63,8 @@ async def test_a_lost_request_is_sent_again_once_with_its_body(with_500: bool) -
 
 
 async def test_two_losses_are_a_503_and_an_answer_passes_through() -> None:
-    sent = await _call(LosingApp(2))
+    sent = await _call(LosingApp(2, "start"))
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [503]
     assert sent[0]["status"] == 503 and "died" in orjson.loads(sent[1]["body"])["error"]
     assert [m["type"] for m in await _call(LosingApp(0))] == ["http.response.start", "http.response.body"]
 

@@ -26,11 +26,12 @@ _PAUSE_S = 0.2  # long enough for the proxy's router to hear that the replica di
 
 
 class RetryLostReplica:
-    """Wraps the proxy's app: a request whose replica died before it answered (Ray's proxy then ends the request
-    without starting an answer, or with a 500 that no replica wrote: no `layerserve-replica` header) is sent
-    again, once; if that one is lost too, the client gets a 503 saying so (a training job's submission is never
-    sent twice: a 503 tells the client to look at its jobs). The request body is read whole
-    first (it may be sent twice); answers from a replica pass through as they come.
+    """Wraps the proxy's app: a request whose replica died before it answered is sent again, once. Ray's proxy
+    ends such a request without starting an answer, with a 500 that no replica wrote (no `layerserve-replica`
+    header), with an answer's start and no body (the replica died between the two), or by raising. If the second
+    one is lost too, the client gets a 503 saying so; a training job's submission is never sent twice (a 503 tells
+    the client to look at its jobs). The request body is read whole first (it may be sent twice); an answer is
+    passed on from its first body part, as it comes.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -54,8 +55,11 @@ class RetryLostReplica:
             await _send_lost(send, "the replica serving this request died, and so did the one it was sent to again")
 
     async def _attempt(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> bool:
-        """Run the request once; True when its replica died and nothing was sent (so it may be sent again)."""
-        sent_body, started, held = False, False, False
+        """Run the request once; True when its replica died and nothing was sent (so it may be sent again).
+
+        The answer's start is held until its first body part arrives: a replica can die between the two (its
+        node removed), and a start passed on alone would leave the client a header with no body."""
+        sent_body, held, passing, lost = False, list[Message](), False, False
 
         async def replay() -> Message:
             nonlocal sent_body
@@ -65,14 +69,27 @@ class RetryLostReplica:
             return {"type": "http.request", "body": body, "more_body": False}
 
         async def watch(message: Message) -> None:
-            nonlocal started, held
-            if message["type"] == "http.response.start":
-                started, held = True, _is_lost(message)
-            if not held:
+            nonlocal passing, lost
+            if passing:
                 await send(message)
+                return
+            if message["type"] == "http.response.start":
+                lost = _is_lost(message)  # Ray's own 500: nothing of it goes out
+            if lost:
+                return
+            held.append(message)
+            if message["type"] == "http.response.body":
+                passing = True
+                for part in held:
+                    await send(part)
 
-        await self._app(scope, replay, watch)
-        return held or not started
+        try:
+            await self._app(scope, replay, watch)
+        except Exception:
+            if passing:
+                raise
+            log.warning("the proxy failed %s %s before answering", scope["method"], scope["path"], exc_info=True)
+        return not passing
 
 
 async def _send_lost(send: Send, message: str) -> None:
