@@ -86,6 +86,8 @@ class DataPlane:
             batching=served.batching(),
             description=served.config.description,
             version_policy=served.config.version_policy,
+            input=served.config.input,
+            cache=served.config.cache,
         )
 
     def model_ready(self, model: str, version: int | None = None) -> bool:

@@ -137,6 +137,8 @@ class ModelMetadata:
     batching: dict[str, object]
     description: str
     version_policy: VersionPolicy
+    input: str = "tensor"  # what /classify and /features take: "image", "text", or "tensor" (neither)
+    cache: bool = False  # whether answers are served from the feature cache
 
 
 @dataclass(frozen=True)

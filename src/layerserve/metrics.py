@@ -48,6 +48,10 @@ REQUESTS = Counter("layerserve_requests", "HTTP requests answered.", _REQUEST_LA
 REQUEST_SECONDS = Histogram(
     "layerserve_request_seconds", "Time from request to answer.", ("model", "route"), buckets=_SECONDS_BUCKETS
 )
+QUEUED = Gauge(
+    "layerserve_queued_requests", "Requests waiting in a version's batcher queues (sampled every second).", _LABELS,
+    multiprocess_mode="livesum",
+)  # fmt: skip
 IN_FLIGHT = Gauge("layerserve_requests_in_flight", "Requests being answered now.", multiprocess_mode="livesum")
 MODEL_LOAD_SECONDS = Gauge(
     "layerserve_model_load_seconds", "Seconds the last load of a version took.", _LABELS, multiprocess_mode="max"
@@ -79,6 +83,9 @@ SERVED_BY: ContextVar[tuple[str, int] | None] = ContextVar("served_by", default=
 
 def set_model_state(name: str, version: int, state: str | None) -> None:
     """Record a version's state (None: unloaded) for /metrics."""
+    if state is None:
+        with contextlib.suppress(KeyError):
+            QUEUED.remove(name, str(version))
     for known in ("LOADING", "READY", "FAILED"):
         if state is None:
             with contextlib.suppress(KeyError):

@@ -19,7 +19,7 @@ from layerserve.features.images import ImageDecoder
 from layerserve.lifecycle.peers import Peers
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.lifecycle.worker_board import WorkerBoard
-from layerserve.metrics import sample_process
+from layerserve.metrics import QUEUED, sample_process
 from layerserve.serving.registry import ModelRegistry
 from layerserve.settings import Settings
 from layerserve.training.job_store import Job, open_job_store
@@ -106,8 +106,12 @@ class Runtime:
         await wait_closed(self._cache_backend)
 
     def sample_process(self, with_gpu: bool = True) -> None:
-        """Refresh this process's CPU and memory gauges (its engine processes counted in)."""
+        """Refresh this process's CPU and memory gauges (its engine processes counted in) and its queue depths."""
         sample_process(self.registry.engine_processes.usage(), with_gpu)
+        for entry in list(self.registry.models.values()):
+            for version in list(entry.versions.values()):
+                if version.is_ready:
+                    QUEUED.labels(version.name, str(version.version)).set(version.queued)
 
     async def _keep_in_sync(self) -> None:
         await self.reloader.start()

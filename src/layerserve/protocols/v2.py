@@ -330,6 +330,8 @@ def metadata_json(metadata: ModelMetadata) -> dict[str, Any]:
         "cuts": metadata.cuts,
         "batching": metadata.batching,
         "description": metadata.description,
+        "input": metadata.input,
+        "cache": metadata.cache,
     }
 
 

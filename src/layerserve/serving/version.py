@@ -128,6 +128,11 @@ class ModelVersion:
         assert self._router is not None, "only a loaded version has an engine"
         self._router.engine = engine
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting in this version's batcher queues now."""
+        return self._batchers.queued if self._batchers else 0
+
     def batching(self) -> dict[str, object]:
         """The batching settings in force, for metadata."""
         plan = self._plan
@@ -135,7 +140,7 @@ class ModelVersion:
             "max_batch_size": plan.max_batch_size,
             "max_delay_ms": plan.max_delay_s * 1000,
             "max_queue_size": plan.max_queue_size,
-            "queued": self._batchers.queued if self._batchers else 0,
+            "queued": self.queued,
             "inline": plan.inline,
         }
 
