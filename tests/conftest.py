@@ -72,6 +72,12 @@ def demo_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+@pytest.fixture(scope="session")
+def demo_engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ONNX cache for the servers over the demo repository: EfficientNet is exported and verified once."""
+    return tmp_path_factory.mktemp("demo-engine-cache")
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A seeded random generator."""

@@ -360,8 +360,8 @@ def test_cancelled_call_is_never_computed(guarded_server: LiveServer) -> None:
 
 
 @pytest.fixture(scope="module")
-def demo_grpc_server(demo_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    settings = Settings(model_repository=demo_repository, engine_cache_dir=tmp_path_factory.mktemp("demo-grpc"))
+def demo_grpc_server(demo_repository: Path, demo_engine_cache: Path) -> Iterator[LiveServer]:
+    settings = Settings(model_repository=demo_repository, engine_cache_dir=demo_engine_cache)
     live = start_server(settings, grpc=True)
     yield live
     live.stop()

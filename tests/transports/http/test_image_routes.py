@@ -25,11 +25,9 @@ MAX_PIXELS = 2_000_000
 
 
 @pytest.fixture(scope="module")
-def demo_server(demo_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def demo_server(demo_repository: Path, demo_engine_cache: Path) -> Iterator[LiveServer]:
     settings = Settings(
-        model_repository=demo_repository,
-        engine_cache_dir=tmp_path_factory.mktemp("demo-cache"),
-        max_image_pixels=MAX_PIXELS,
+        model_repository=demo_repository, engine_cache_dir=demo_engine_cache, max_image_pixels=MAX_PIXELS
     )
     live = start_server(settings)
     yield live

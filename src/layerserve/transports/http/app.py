@@ -26,11 +26,13 @@ from layerserve.settings import Settings
 from layerserve.transports.grpc.server import GrpcDoor
 from layerserve.transports.grpc.servicer import ServingState
 from layerserve.transports.http import (
+    console_routes,
     image_routes,
     job_routes,
     layer_routes,
     metrics_routes,
     openapi,
+    overview,
     repository_routes,
     tfserving_routes,
     triton_routes,
@@ -154,7 +156,9 @@ def create_app(runtime: Runtime) -> Starlette:
             *job_routes.routes,
             *tfserving_routes.routes,
             *metrics_routes.routes,
+            *overview.routes,
             *openapi.routes,
+            *console_routes.routes,
         ],
         lifespan=lifespan,
         middleware=_middleware(runtime.settings),

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 _MANAGEMENT = re.compile(
     r"^/v2/repository/|^/v2/models/[^/]+(/versions/[^/]+|/labels/[^/]+)?/(apply|train)$|^/v2/jobs(/|$)|^/v2/logging$"
 )  # repository load/unload/index, apply (by version or label), train, the jobs routes and the log settings
-_PUBLIC = re.compile(r"^/v2/health/")
+_PUBLIC = re.compile(r"^/v2/health/|^/console(/|$)|^/$")  # the console's page and files hold no data
 
 
 async def _refuse(send: Send, status: int, message: str) -> None:
@@ -84,7 +84,8 @@ def _bearer(scope: Scope) -> bytes | None:
 
 
 class AuthMiddleware:
-    """`admin_token` guards the management routes; `api_token` (if set) every route but health.
+    """`admin_token` guards the management routes; `api_token` (if set) every route but health and the console's
+    page (which asks for the token and sends it with every API call).
 
     No token: 401; a wrong one: 403. The admin token also opens every other route. Tokens are compared
     in constant time.

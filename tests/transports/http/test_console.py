@@ -1,0 +1,273 @@
+"""The web console in a real browser (Debian's Chromium driven by Playwright) against a real server over the demo
+repository: what a user reads on each page, with no console errors or failed requests. A screenshot of each page
+is written under the test's output folder (or CONSOLE_SCREENSHOTS, which is how docs/img/ is made)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+from layerserve.settings import Settings
+from tests.conftest import API_TOKEN
+from tests.demo.test_demo import package_file
+from tests.live_server import LiveServer, start_server
+from tests.training.test_tokenizer import chinese_reviews
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "console-admin"
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (the system's: nothing is downloaded)."""
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Chromium is missing: scripts/install installs Debian's chromium package (as root)")
+        pytest.skip("Chromium is not installed (scripts/install installs it as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def console_server(
+    demo_repository: Path, demo_engine_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """The demo repository (copied by links: training adds a model) behind an admin token."""
+    repo = tmp_path_factory.mktemp("console-repo")
+    for model in demo_repository.iterdir():
+        (repo / model.name).symlink_to(model, target_is_directory=True)
+    settings = Settings(
+        model_repository=repo, engine_cache_dir=demo_engine_cache, admin_token=ADMIN,
+        reload_interval_s=1,
+    )  # fmt: skip
+    live = start_server(settings)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where each page's screenshot goes."""
+    folder = Path(os.environ.get("CONSOLE_SCREENSHOTS") or tmp_path_factory.mktemp("console-screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Watched:
+    """A page with every console error, failed request and 4xx/5xx answer it met."""
+
+    def __init__(self, page: Any) -> None:
+        self.page = page
+        self.problems: list[str] = []
+        page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
+        page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        page.on("requestfailed", lambda r: self.problems.append(f"failed: {r.url} {r.failure}"))
+        page.on("response", lambda r: r.status >= 400 and self.problems.append(f"{r.status}: {r.url}"))
+
+    def expect_clean(self) -> None:
+        assert not self.problems, self.problems
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Watched]:
+    context = browser.new_context(viewport={"width": 1360, "height": 900}, device_scale_factor=1)
+    watched = Watched(context.new_page())
+    watched.page.set_default_timeout(60_000)
+    yield watched
+    context.close()
+
+
+def _with_admin_token(page: Any) -> None:
+    page.add_init_script(f"sessionStorage.setItem('layerserve-token', {json.dumps(ADMIN)})")
+
+
+def test_the_models_page_shows_the_demo_models_ready_and_live_charts(
+    console_server: LiveServer, page: Watched, screenshots: Path
+) -> None:
+    p = page.page
+    p.goto(f"{console_server.url}/")  # a browser at the root lands on the console
+    assert p.url.endswith("/console")
+    for model in ("efficientnet_lite0", "emotion", "token_classifier"):
+        state = p.locator(f"#models-table tr[data-model='{model}'] [data-state]")
+        state.wait_for()
+        assert state.inner_text() == "READY"
+    p.locator(".chart[data-chart='Requests / s']").wait_for()
+    titles = p.locator(".chart h3").all_inner_texts()
+    assert {"Requests / s", "Batch size (rows per call)", "CPU (% of one core)"} <= set(titles), titles
+    assert any(t.startswith("Memory") for t in titles) and any(t.startswith("Latency") for t in titles)
+    body = {"inputs": [{"name": "tokens", "shape": [1, 64], "datatype": "INT32", "data": [1] * 64}]}
+    for _ in range(30):  # traffic the charts must show
+        answer = p.request.post(f"{console_server.url}/v2/models/token_classifier/infer", data=body)
+        assert answer.status == 200
+    legend = p.locator(".chart[data-chart='Requests / s'] .legend span", has_text="token_classifier")
+    p.wait_for_function(
+        "() => [...document.querySelectorAll(\".chart[data-chart='Requests / s'] .legend span\")]"
+        ".some(s => s.textContent.startsWith('token_classifier') && parseFloat(s.textContent.split(' ')[1]) > 0)"
+    )
+    assert legend.count() == 1
+    p.screenshot(path=screenshots / "models.png", full_page=True)
+    page.expect_clean()
+
+
+def test_a_photo_shows_egyptian_cat_first_and_a_layer_with_its_heatmap(
+    console_server: LiveServer, page: Watched, screenshots: Path, demo_repository: Path
+) -> None:
+    p = page.page
+    p.goto(f"{console_server.url}/console#/try/efficientnet_lite0")
+    p.set_input_files("#photo-input", package_file("skimage", "data/chelsea.png"))
+    first = p.locator("#top-k .bars .label").first
+    first.wait_for()
+    assert first.inner_text() == "Egyptian cat"
+    assert "/classify" in p.locator(".curl-line").first.inner_text()
+    p.select_option("#layer-select", "head_relu")
+    p.click("#show-layer")
+    p.locator("#heatmap-note").wait_for()
+    model = keras.saving.load_model(demo_repository / "efficientnet_lite0" / "1" / "model.keras")
+    expected = [1, *model.get_layer("head_relu").output.shape[1:]]
+    assert p.inner_text("#layer-shape") == str(expected)
+    assert "1280 channels" in p.inner_text("#heatmap-note")
+    drawn = p.evaluate(
+        "() => { const c = document.getElementById('heatmap');"
+        " const alpha = c.getContext('2d').getImageData(0, 0, c.width, c.height).data.filter((_, i) => i % 4 === 3);"
+        " return alpha.filter(a => a > 0).length }"
+    )
+    assert drawn > 1000  # the heatmap covers the photo (no pixel comparison: it is there)
+    assert p.locator(".chart[data-chart='histogram'] .legend").inner_text().startswith("62,720 values")
+    p.screenshot(path=screenshots / "try-image.png", full_page=True)
+    page.expect_clean()
+
+
+def test_the_layers_page_finds_a_layer_and_runs_a_cut_as_keras_does(
+    console_server: LiveServer, page: Watched, screenshots: Path, demo_repository: Path
+) -> None:
+    p = page.page
+    p.goto(f"{console_server.url}/console#/layers/efficientnet_lite0")
+    p.locator("#layers-table").wait_for()
+    p.fill("#layer-search", "avg_pool")
+    rows = p.locator("#layers-table tbody tr")
+    assert rows.count() == 1 and rows.first.get_attribute("data-layer") == "avg_pool"
+    assert "[-1, 1280]" in rows.first.inner_text()
+    rows.first.locator("input[type=checkbox]").check()
+    assert p.inner_text("#cut-inputs") == "avg_pool"
+    p.fill("#layer-search", "")
+    p.screenshot(path=screenshots / "layers.png")
+    p.click("text=Try this cut")
+    p.locator("#infer-body").wait_for()
+    request = json.loads(p.input_value("#infer-body"))
+    assert [i["name"] for i in request["inputs"]] == ["avg_pool"] and request["inputs"][0]["shape"] == [1, 1280]
+    p.click("#send-infer")
+    answer = json.loads(p.locator("#infer-answer pre").inner_text())
+    model = keras.saving.load_model(demo_repository / "efficientnet_lite0" / "1" / "model.keras")
+    head = keras.Model(model.get_layer("avg_pool").output, model.output)  # the cut, in Keras
+    expected = np.asarray(head(np.array(request["inputs"][0]["data"], np.float32).reshape(1, 1280)))
+    np.testing.assert_allclose(np.array(answer["outputs"][0]["data"]), expected.ravel(), atol=1e-4)
+    page.expect_clean()
+
+
+def test_a_training_job_started_from_the_page_reaches_100_percent_is_applied_and_classifies_chinese(
+    console_server: LiveServer, page: Watched, screenshots: Path, tmp_path: Path
+) -> None:
+    p = page.page
+    _with_admin_token(p)
+    texts, labels = chinese_reviews(1500)
+    data = tmp_path / "reviews.tsv"
+    data.write_text("text\tlabel\n" + "".join(f"{t}\t{label}\n" for t, label in zip(texts, labels, strict=True)))
+    p.goto(f"{console_server.url}/console#/versions/token_classifier")
+    p.locator("#versions table").wait_for()
+    p.fill("#train-model", "console_reviews")
+    p.fill("#train-epochs", "8")
+    p.select_option("#train-split", "character")
+    p.set_input_files("#train-file", data)  # an uploaded TSV
+    p.click("#start-training")
+    job = p.locator(".job").first
+    job.locator(".progress-text").wait_for()
+    seen = {job.locator(".progress-text").inner_text()}
+    while job.get_attribute("data-state") not in ("succeeded", "failed", "cancelled"):
+        seen.add(job.locator(".progress-text").inner_text())
+        p.wait_for_timeout(200)
+    assert job.get_attribute("data-state") == "succeeded", job.inner_text()
+    assert job.locator(".progress-text").inner_text() == "100%" and len(seen) >= 2, seen  # it moved
+    assert job.locator(".chart[data-chart='Loss'] path").count() >= 1  # the loss per epoch is drawn
+    job.locator("button", has_text="Apply version 1").click(timeout=120_000)  # shown once the version serves
+    p.goto(f"{console_server.url}/console#/versions/console_reviews")
+    row = p.locator("#versions tr[data-version='1']")
+    p.wait_for_function(
+        "() => document.querySelector(\"#versions tr[data-version='1']\")?.innerText.includes('pinned')"
+    )
+    assert "READY" in row.inner_text() and "active, pinned" in row.inner_text()
+    p.screenshot(path=screenshots / "versions.png", full_page=True)
+
+    p.goto(f"{console_server.url}/console#/try/console_reviews")
+    p.fill("#texts", "这个手机很好用，电池也耐用，非常满意\n太差了，用了两天就坏了，客服也不理人，退货")
+    p.click("#classify-texts")
+    answers = p.locator("#text-results .panel")
+    answers.nth(1).wait_for()
+    best = [answers.nth(i).locator(".bars .label").first.inner_text() for i in range(2)]
+    assert best == ["pos", "neg"], best
+    p.screenshot(path=screenshots / "try-text.png", full_page=True)
+    page.expect_clean()
+
+
+def test_unload_and_load_change_the_state_shown(console_server: LiveServer, page: Watched) -> None:
+    p = page.page
+    _with_admin_token(p)
+    p.goto(f"{console_server.url}/console#/versions/emotion")
+    state = p.locator("#model-state")
+    state.wait_for()
+    assert state.inner_text() == "READY"
+    p.click("#unload-model")
+    p.wait_for_function("() => document.getElementById('model-state')?.innerText === 'UNAVAILABLE'")
+    assert "unload" in p.inner_text("#action-result")  # the curl line of what was done
+    p.click("#load-model")
+    p.wait_for_function("() => document.getElementById('model-state')?.innerText === 'READY'")
+    page.expect_clean()
+
+
+def test_a_tensor_model_answers_the_request_prefilled_from_its_signature(
+    console_server: LiveServer, page: Watched
+) -> None:
+    p = page.page
+    p.goto(f"{console_server.url}/console#/try/token_classifier")
+    p.locator("#infer-body").wait_for()  # a tensor model: a V2 request prefilled from its signature
+    request = json.loads(p.input_value("#infer-body"))
+    assert request["inputs"][0]["name"] == "tokens" and request["inputs"][0]["shape"] == [1, 64]
+    p.click("#send-infer")
+    answer = json.loads(p.locator("#infer-answer pre").inner_text())
+    assert answer["model_name"] == "token_classifier" and answer["outputs"]
+    page.expect_clean()
+
+
+def test_a_wrong_token_shows_a_clear_message(guarded_server: LiveServer, page: Watched, screenshots: Path) -> None:
+    p = page.page
+    p.goto(f"{guarded_server.url}/console")
+    message = p.locator("#token-message")
+    message.wait_for()
+    p.wait_for_function("() => document.getElementById('token-message').innerText.startsWith('This server needs')")
+    assert "API token" in message.inner_text()
+    p.fill("#token-input", "not-the-token")
+    p.click("#token-save")
+    p.wait_for_function("() => document.getElementById('token-message').innerText.startsWith('The token was refused')")
+    assert "not an API token of this server" in message.inner_text()
+    p.screenshot(path=screenshots / "token.png")
+    p.fill("#token-input", API_TOKEN)
+    p.click("#token-save")
+    p.locator("#models-table tr[data-model='mlp'] [data-state]", has_text="READY").wait_for()
+    assert all("401" in problem or "403" in problem for problem in page.problems), page.problems
