@@ -155,6 +155,9 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
             r'^layerserve_requests_total\{model="mlp",route="v2.infer",status="200",version="1"\} (\S+)$', text, re.M
         )
         assert served and float(served[0]) == 40  # summed over both workers
+        overview = httpx.get(f"{url}/v2/overview").json()  # the console's document sums them the same way
+        assert overview["series"]["mlp"]["latency_s"]["count"] >= 40
+        assert {p["id"] for p in overview["processes"]} >= {f"pid {pid}" for pid in pids}, overview["processes"]
         _jobs_are_shared_by_workers(url)
         _a_killed_worker_is_replaced_without_503s(url, pids)
         _a_new_version_reaches_both_workers_without_503s(url, demo_repository, repo)

@@ -242,6 +242,19 @@ def document() -> dict[str, Any]:
         **_tfserving_paths(":classify", _operation("Classes per example (TF Serving)", _json(_EXAMPLES)), "post"),
         **_tfserving_paths(":regress", _operation("One value per example (TF Serving)", _json(_EXAMPLES)), "post"),
         "/metrics": {"get": _operation("Prometheus metrics")},
+        "/v2/overview": {
+            "get": _operation("Every model with its versions, and the server's series (the console's data)")
+        },
+        "/console": {"get": _operation("The web console (an HTML page)")},
+        "/": {
+            "get": {
+                **_operation("Browsers (Accept: text/html) are redirected to /console"),
+                "responses": {
+                    "307": {"description": "To /console"},
+                    "4XX": {"description": "Not a browser", "content": {"application/json": {"schema": _ERROR}}},
+                },
+            }
+        },
         "/openapi.json": {"get": _operation("This document")},
         "/docs": {"get": _operation("A page to read this document")},
     }

@@ -1,6 +1,7 @@
 """GroupRouter: on the ingress replicas, the HTTP requests for a model of a group go to that group's replicas
-(through its deployment handle); the repository index and the statistics of every model are the ingress's own
-merged with every group's. Everything else is the ingress replica's own app."""
+(through its deployment handle); the repository index, the statistics of every model and the console's overview
+are the ingress's own merged with every group's (the overview's series and processes are the ingress's: its
+/metrics already sums every replica). Everything else is the ingress replica's own app."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from layerserve.transports.ray.options import RayOptions
 log = logging.getLogger(__name__)
 
 _MODEL_PATH = re.compile(r"/v2/(?:repository/)?models/(?P<v2>[^/]+)|/v1/models/(?P<tfs>[^/:]+)")
-_MERGED = {("POST", "/v2/repository/index"): "index", ("GET", "/v2/models/stats"): "stats"}
+_MERGED = {
+    ("POST", "/v2/repository/index"): "index",
+    ("GET", "/v2/models/stats"): "stats",
+    ("GET", "/v2/overview"): "overview",
+}
 _RETRY_PAUSE_S = 0.2
 
 
@@ -110,6 +115,9 @@ class GroupRouter:
             body: Any = sorted(
                 (row for rows in bodies for row in rows), key=lambda row: (row["name"], row.get("version", ""))
             )
+        elif kind == "overview":
+            models = sorted((row for answer in bodies for row in answer["models"]), key=lambda row: row["name"])
+            body = {**bodies[0], "models": models}
         else:
             body = {"model_stats": [row for stats in bodies for row in stats["model_stats"]]}
         content = orjson.dumps(body)

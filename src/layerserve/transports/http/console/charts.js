@@ -60,7 +60,8 @@ function plot(title, series, { format, xStart, xEnd, xLabels, width = WIDTH }) {
 export function lineChart(title, series, { format = (v) => v.toFixed(1), windowS = 120, now } = {}) {
   const end = now ?? Date.now() / 1000;
   const start = end - windowS;
-  const xLabels = [["-2 min", start], ["-1 min", start + windowS / 2], ["now", end]];
+  const ago = (seconds) => (seconds >= 90 ? `-${(seconds / 60).toFixed(seconds % 60 ? 1 : 0)} min` : `-${Math.round(seconds)} s`);
+  const xLabels = [[ago(windowS), start], [ago(windowS / 2), start + windowS / 2], ["now", end]];
   return plot(title, series, { format, xStart: start, xEnd: end, xLabels });
 }
 

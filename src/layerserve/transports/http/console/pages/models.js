@@ -79,19 +79,21 @@ function modelsTable(context) {
 function charts(context, focus) {
   const { history } = context;
   const doc = history[history.length - 1].doc;
+  // The last two minutes, or less while the page is new (at least 20 s): the lines fill the chart.
+  const windowS = Math.min(120, Math.max(20, doc.server.time - history[0].t));
   const steps = pairs(history);
   const names = Object.keys(doc.series);
   const perModel = (title, pick, format) => lineChart(title, names.map((name) => ({
     name, points: steps.map(([previous, current]) => [current.t, pick(previous, current, name)]),
-  })), { format, now: doc.server.time });
+  })), { format, now: doc.server.time, windowS });
   const focused = (title, lines, format) => lineChart(title, lines.map(([name, pick]) => ({
     name, points: steps.map(([previous, current]) => [current.t, pick(previous, current)]),
-  })), { format, now: doc.server.time });
+  })), { format, now: doc.server.time, windowS });
   const ms = (v) => `${(v * 1000).toFixed(v < 0.01 ? 1 : 0)} ms`;
   const processes = doc.processes.map((p) => p.id);
   const perProcess = (title, pick, format) => lineChart(title, processes.map((id) => ({
     name: id, points: steps.map(([previous, current]) => [current.t, pick(previous, current, id)]),
-  })), { format, now: doc.server.time });
+  })), { format, now: doc.server.time, windowS });
   const process = (d, id) => d.processes.find((p) => p.id === id);
   const list = [
     perModel("Requests / s", (p, c, name) => rate(c, p, (d) => d.series[name]?.requests ?? 0), (v) => formatNumber(v)),
@@ -118,7 +120,7 @@ function charts(context, focus) {
     list.push(lineChart("GPU memory", doc.gpus.map((gpu, index) => ({
       name: `GPU ${gpu.device}`, color: COLORS[index],
       points: history.map(({ t, doc: d }) => [t, d.gpus.find((g) => g.device === gpu.device)?.used_bytes ?? null]),
-    })), { format: formatBytes, now: doc.server.time }));
+    })), { format: formatBytes, now: doc.server.time, windowS }));
   }
   return list;
 }
@@ -129,7 +131,7 @@ export function mount(view, context) {
     focus = select.value;
     draw();
   } });
-  const table = h("div", { class: "scroll" });
+  const table = h("div", { class: "scroll" }, h("p", { class: "muted", text: "Asking the server…" }));
   const chartGrid = h("div", { class: "charts", id: "charts" });
   const summary = h("span", { class: "muted" });
   view.append(
@@ -137,7 +139,7 @@ export function mount(view, context) {
     h("section", { class: "panel" }, table),
     h("div", { class: "controls" }, h("h2", { text: "Live", style: "margin:0" }),
       h("label", {}, "Latency and queue of", select),
-      h("span", { class: "hint", text: "Every worker (and replica) summed; a point every 1.5 s, the last 2 minutes." })),
+      h("span", { class: "hint", text: "Every worker (and replica) summed; a point every 1.5 s, up to the last 2 minutes." })),
     chartGrid,
   );
 
