@@ -67,7 +67,7 @@ def main() -> None:
         for workload in workloads.values():
             run_step(url, workload, args.concurrency, 2.0, pool)
         steady = {name: run_step(url, w, args.concurrency, args.duration_s, pool) for name, w in workloads.items()}
-        body = {"dataset": chinese_reviews(2500), "params": {"split": "character", "epochs": 200}}
+        body = {"dataset": chinese_reviews(2500), "params": {"split": "character", "epochs": 200, "patience": 200}}
         job = post(f"{url}/v2/models/reviews/train", body)
         while True:  # measure while it trains, not while its process starts
             with urllib.request.urlopen(f"{url}/v2/jobs/{job['job_id']}", timeout=10) as response:

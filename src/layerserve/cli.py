@@ -186,13 +186,16 @@ def _train(args: argparse.Namespace) -> int:
             progress.update(task, completed=min(done, update["epoch"]), description=f"epoch {update['epoch']} {scores}")
 
         trained = train_text_classifier(texts, labels, params, report)
+        progress.update(task, completed=params.epochs)
     number = write_version(model_dir, trained, params)
     if args.apply:
         write_pin(model_dir, number)
-    accuracy = trained.metrics.get("val_accuracy", trained.metrics.get("accuracy", [float("nan")]))[-1]
+    accuracy = trained.metrics.get("val_accuracy", trained.metrics.get("accuracy", [float("nan")]))
+    ran = len(trained.metrics["loss"])
     print(f"{args.model} version {number}{' (pinned)' if args.apply else ''}: {len(texts)} rows, "
-          f"{len(trained.labels)} labels, {'validation ' if 'val_accuracy' in trained.metrics else ''}accuracy "
-          f"{accuracy:.3f}; written to {model_dir / str(number)}")  # fmt: skip
+          f"{len(trained.labels)} labels, {ran} of at most {params.epochs} epochs, the weights of epoch "
+          f"{trained.best_epoch}: {'validation ' if 'val_accuracy' in trained.metrics else ''}accuracy "
+          f"{accuracy[trained.best_epoch - 1]:.3f}; written to {model_dir / str(number)}")  # fmt: skip
     return 0
 
 

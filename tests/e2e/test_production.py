@@ -254,7 +254,7 @@ def _a_new_version_reaches_both_workers_without_503s(url: str, demo: Path, repo:
 def _jobs_are_shared_by_workers(url: str) -> None:
     """A job started through one worker is seen, and cancelled, through any (new connections each time)."""
     texts, labels = english_reviews(1000)
-    body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 500}}
+    body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 500, "patience": 500}}
     with httpx.Client() as client:
         job_id = client.post(f"{url}/v2/models/reviews/train", json=body).json()["job_id"]
     deadline = time.monotonic() + 120

@@ -183,6 +183,9 @@ class JobRunner:
                     if "loss" in job.progress:
                         job.history.append(job.progress)
                     self._record(job)
+                elif "summary" in message:  # training ended: which epoch's weights are kept
+                    job.progress = {**job.progress, **message["summary"]}
+                    self._record(job)
                 elif "version" in message:
                     job.version = int(message["version"])
                 elif "error" in message:

@@ -37,9 +37,18 @@ class TextTrainingParams(BaseModel):
     max_tokens: int = Field(20000, ge=10, le=1_000_000, description="Vocabulary size (most frequent tokens).")
     sequence_length: int = Field(128, ge=1, le=4096, description="Tokens per text (padded or cut).")
     embedding_dim: int = Field(32, ge=2, le=1024, description="Width of the token embedding.")
-    epochs: int = Field(8, ge=1, le=1000, description="Passes over the training rows.")
+    epochs: int = Field(
+        20, ge=1, le=1000,
+        description="The most passes over the training rows: training stops once the validation loss has not "
+        "improved for `patience` epochs, and keeps the best epoch's weights.",
+    )  # fmt: skip
+    patience: int = Field(2, ge=1, le=1000, description="Epochs without a better validation loss before stopping.")
     batch_size: int = Field(32, ge=1, le=65536, description="Rows per training step.")
-    learning_rate: float = Field(0.002, gt=0, le=1, description="Adam's learning rate.")
+    learning_rate: float = Field(
+        0.01, gt=0, le=1,
+        description="Adam's peak learning rate: reached after a short warm-up, then decayed along a cosine to "
+        "zero at the last of `epochs`.",
+    )  # fmt: skip
     validation_split: float = Field(0.2, ge=0, lt=1, description="Share of the rows held out for validation.")
     seed: int = Field(0, ge=0, description="Seed of the shuffle, the split and the weights.")
 
@@ -70,6 +79,7 @@ class TrainedText:
     tokenizer: Tokenizer
     labels: list[str]
     metrics: dict[str, list[float]] = field(default_factory=dict)
+    best_epoch: int = 0  # the epoch whose weights these are (the lowest validation loss)
 
 
 def check_dataset(texts: list[str], labels: list[str]) -> None:
@@ -114,7 +124,8 @@ def train_text_classifier(
     """Train the recipe on shuffled data, holding out `validation_split` for validation metrics.
 
     `progress` gets `{"epoch", "epochs", "step", "steps"}` during each epoch (at most once a second) and,
-    at each epoch's end, the epoch's metrics too (`loss`, `accuracy`, `val_loss`, `val_accuracy`).
+    at each epoch's end, the epoch's metrics too (`loss`, `accuracy`, `val_loss`, `val_accuracy`). With held-out
+    rows, training stops early (see TextTrainingParams.epochs) and the weights are the best epoch's.
 
     Raises:
         BadRequestError: per check_dataset.
@@ -132,24 +143,43 @@ def train_text_classifier(
     x, y = tokenizer.encode(texts), np.array([names.index(label) for label in labels])
     keras.utils.set_random_seed(params.seed)
     tokens = keras.Input((params.sequence_length,), dtype="int32", name="tokens")
-    embedded = keras.layers.Embedding(tokenizer.size, params.embedding_dim, name="embedding")(tokens)
+    # Padding is masked: the average is over a text's own tokens, not diluted by its padding.
+    embedded = keras.layers.Embedding(tokenizer.size, params.embedding_dim, mask_zero=True, name="embedding")(tokens)
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(embedded)
     dropped = keras.layers.Dropout(0.2, name="dropout")(pooled)
     scores = keras.layers.Dense(len(names), activation="softmax", name="scores")(dropped)
     model = keras.Model(tokens, scores, name="text_classifier")
     model.compile(
-        optimizer=keras.optimizers.Adam(params.learning_rate),
+        optimizer=keras.optimizers.Adam(_learning_rate(params, steps_per_epoch=-(-cut // params.batch_size))),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )
     validation = (x[cut:], y[cut:]) if held_out else None
     callbacks = [_progress_reporter(params.epochs, progress)] if progress else []
+    if held_out:
+        callbacks.append(
+            keras.callbacks.EarlyStopping(monitor="val_loss", patience=params.patience, restore_best_weights=True)
+        )
     history = model.fit(
         x[:cut], y[:cut], validation_data=validation, epochs=params.epochs, batch_size=params.batch_size,
         verbose=0, callbacks=callbacks,
     )  # fmt: skip
     metrics = {key: [float(v) for v in values] for key, values in history.history.items()}
-    return TrainedText(model, tokenizer, names, metrics)
+    # The weights are the best validation epoch's (early stopping restored them), or without held-out rows the last's.
+    best = metrics["val_loss"].index(min(metrics["val_loss"])) + 1 if held_out else len(metrics["loss"])
+    return TrainedText(model, tokenizer, names, metrics, best_epoch=best)
+
+
+def _learning_rate(params: TextTrainingParams, steps_per_epoch: int) -> Any:
+    """A linear warm-up to `learning_rate` over half an epoch (at most a tenth of the run), then a cosine decay to
+    zero at the last epoch: a high rate early makes the embedding converge in few epochs, the decay settles it."""
+    import keras
+
+    total = steps_per_epoch * params.epochs
+    warmup = max(1, min(total // 10, steps_per_epoch // 2))
+    return keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=max(1, total - warmup), warmup_target=params.learning_rate, warmup_steps=warmup
+    )
 
 
 def _progress_reporter(epochs: int, report: ProgressCallback) -> Any:
@@ -192,7 +222,7 @@ def write_version(model_dir: Path, trained: TrainedText, params: TextTrainingPar
         trained.model.save(version_dir / "model.keras")
         trained.tokenizer.save(version_dir)
         (version_dir / LABELS_FILE).write_text("\n".join(trained.labels) + "\n", encoding="utf-8")
-        summary = {"params": params.model_dump(), "history": trained.metrics}
+        summary = {"params": params.model_dump(), "history": trained.metrics, "best_epoch": trained.best_epoch}
         (version_dir / METRICS_FILE).write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
         if is_new:
             (staging / "config.yaml").write_text(NEW_MODEL_CONFIG, encoding="utf-8")

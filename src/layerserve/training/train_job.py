@@ -2,7 +2,8 @@
 
 Reads `job.json` (model folder, params, tag, threads) and `data.jsonl` from JOB_DIR, trains at idle CPU
 priority on `threads` threads, writes the version atomically, and reports on stdout, one JSON object a
-line: `{"progress": {...}}` during training, then `{"version": N}`, or `{"error": "..."}` (exit code 1).
+line: `{"progress": {...}}` during training, `{"summary": {"best_epoch", "epochs_run"}}` once it ends, then
+`{"version": N}`, or `{"error": "..."}` (exit code 1).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def run(job_dir: Path) -> int:
     params = TextTrainingParams.model_validate(job["params"])
     try:
         trained = train_text_classifier(texts, labels, params, lambda progress: _say({"progress": progress}))
+        _say({"summary": {"best_epoch": trained.best_epoch, "epochs_run": len(trained.metrics["loss"])}})
         number = write_version(Path(job["model_dir"]), trained, params, tag=job["tag"])
     except LayerserveError as error:
         _say({"error": error.message})

@@ -315,7 +315,7 @@ def test_a_training_job_through_the_cluster_is_served_by_every_replica(cluster_u
 
 def test_a_training_job_is_cancelled_through_any_replica(cluster_url: str) -> None:
     texts, labels = english_reviews(300)
-    body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 200, "seed": 1}}
+    body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 200, "patience": 200, "seed": 1}}
     with httpx.Client(base_url=cluster_url, timeout=60) as client:
         started = client.post("/v2/models/en_long/train", json=body)
         assert started.status_code == 202, started.text

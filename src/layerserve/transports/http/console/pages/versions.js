@@ -24,7 +24,9 @@ function jobProgress(job) {
 function jobSummary(job) {
   const p = job.progress ?? {};
   const parts = [];
-  if (p.epoch) parts.push(`epoch ${p.epoch} of ${p.epochs}`);
+  if (p.epochs_run && p.epochs_run < p.epochs) parts.push(`stopped early after ${p.epochs_run} of ${p.epochs} epochs`);
+  else if (p.epoch) parts.push(`epoch ${p.epoch} of ${p.epochs}`);
+  if (p.best_epoch) parts.push(`weights of epoch ${p.best_epoch}`);
   if (p.loss !== undefined) parts.push(`loss ${p.loss.toFixed(3)}`);
   if (p.val_accuracy !== undefined) parts.push(`validation accuracy ${p.val_accuracy.toFixed(3)}`);
   if (job.model_version) parts.push(`version ${job.model_version}`);
@@ -33,7 +35,7 @@ function jobSummary(job) {
 }
 
 function curves(job) {
-  const epochs = job.progress?.epochs ?? job.history.length;
+  const epochs = job.progress?.epochs_run ?? job.progress?.epochs ?? job.history.length;
   const line = (key) => job.history.filter((row) => row[key] !== undefined).map((row) => [row.epoch, row[key]]);
   return h("div", { class: "charts" },
     epochChart("Loss", [{ name: "training", points: line("loss") }, { name: "validation", points: line("val_loss") }],
