@@ -199,7 +199,7 @@ def test_a_training_job_started_from_the_page_reaches_100_percent_is_applied_and
     p.goto(f"{console_server.url}/console#/versions/token_classifier")
     p.locator("#versions table").wait_for()
     p.fill("#train-model", "console_reviews")
-    p.fill("#train-epochs", "8")
+    p.fill("#train-epochs", "20")
     p.select_option("#train-split", "character")
     p.set_input_files("#train-file", data)  # an uploaded TSV
     p.click("#start-training")

@@ -26,9 +26,11 @@ function jobSummary(job) {
   const parts = [];
   if (p.epochs_run && p.epochs_run < p.epochs) parts.push(`stopped early after ${p.epochs_run} of ${p.epochs} epochs`);
   else if (p.epoch) parts.push(`epoch ${p.epoch} of ${p.epochs}`);
-  if (p.best_epoch) parts.push(`weights of epoch ${p.best_epoch}`);
-  if (p.loss !== undefined) parts.push(`loss ${p.loss.toFixed(3)}`);
-  if (p.val_accuracy !== undefined) parts.push(`validation accuracy ${p.val_accuracy.toFixed(3)}`);
+  const kept = p.best_epoch ? job.history.find((row) => row.epoch === p.best_epoch) : null;
+  const shown = kept ?? p; // once it ended: the epoch whose weights were kept
+  if (kept) parts.push(`weights of epoch ${p.best_epoch}`);
+  if (shown.loss !== undefined) parts.push(`loss ${shown.loss.toFixed(3)}`);
+  if (shown.val_accuracy !== undefined) parts.push(`validation accuracy ${shown.val_accuracy.toFixed(3)}`);
   if (job.model_version) parts.push(`version ${job.model_version}`);
   if (job.error) parts.push(job.error);
   return parts.join(" · ");
@@ -113,7 +115,8 @@ export function mount(view, context, where) {
   const name = h("input", { id: "train-model", value: where.model || "reviews", size: 18 });
   const pasted = h("textarea", { id: "train-data", rows: 6, text: SAMPLE });
   const upload = h("input", { type: "file", id: "train-file", accept: ".csv,.tsv,.txt,.jsonl" });
-  const epochs = h("input", { type: "number", id: "train-epochs", value: "8", min: "1", max: "1000", style: "width:80px" });
+  const epochs = h("input", { type: "number", id: "train-epochs", value: "20", min: "1", max: "1000", style: "width:80px",
+    title: "the most: training stops once the validation loss no longer improves, keeping the best epoch" });
   const split = h("select", { id: "train-split" }, h("option", { value: "character", text: "characters (Chinese)" }),
     h("option", { value: "whitespace", text: "words (English)" }));
   const applyWhenDone = h("input", { type: "checkbox", id: "train-apply" });
@@ -180,7 +183,7 @@ export function mount(view, context, where) {
     h("section", { class: "panel" }, h("h2", { text: "Versions" }), versionsBox, actionOut),
     h("div", { class: "row" },
       h("section", { class: "panel grow" }, h("h2", { text: "Train a text classifier" }),
-        h("div", { class: "controls" }, h("label", {}, "Model", name), h("label", {}, "Epochs", epochs),
+        h("div", { class: "controls" }, h("label", {}, "Model", name), h("label", {}, "Epochs (at most)", epochs),
           h("label", {}, "Tokens", split), h("label", {}, applyWhenDone, "apply when done")),
         h("p", { class: "hint", text: "Paste CSV or TSV with a header (columns text and label), or upload a file:" }),
         pasted, h("div", { class: "controls", style: "margin-top:8px" }, upload,
