@@ -247,6 +247,36 @@ def test_unload_and_load_change_the_state_shown(console_server: LiveServer, page
     page.expect_clean()
 
 
+def test_a_running_job_is_cancelled_and_a_pin_undone_from_the_page(
+    console_server: LiveServer, page: Watched, tmp_path: Path
+) -> None:
+    p = page.page
+    _with_admin_token(p)
+    p.goto(f"{console_server.url}/console#/versions/token_classifier")
+    p.locator("#versions tr[data-version='1'] button", has_text="Apply 1").click()
+    p.locator("#unpin").wait_for()  # pinned: the page offers to unpin
+    assert "active, pinned" in p.inner_text("#versions tr[data-version='1']")
+    p.click("#unpin")
+    p.wait_for_function("() => !document.getElementById('unpin')")
+    assert "pinned" not in p.inner_text("#versions tr[data-version='1']")
+
+    texts, labels = chinese_reviews(200)
+    data = tmp_path / "reviews.csv"
+    data.write_text("text,label\n" + "".join(f'"{t}",{label}\n' for t, label in zip(texts, labels, strict=True)))
+    p.fill("#train-model", "console_long")
+    p.fill("#train-epochs", "1000")
+    p.set_input_files("#train-file", data)  # an uploaded CSV
+    p.click("#start-training")
+    job = p.locator(".job", has=p.locator("strong", has_text="console_long")).first
+    job.locator(".badge", has_text="running").wait_for(timeout=120_000)
+    job.locator("button", has_text="Cancel").click()
+    job.locator(".badge", has_text="cancelled").wait_for(timeout=60_000)
+    assert "console_long" not in {
+        row["name"] for row in httpx.get(f"{console_server.url}/v2/overview").json()["models"]
+    }
+    page.expect_clean()
+
+
 def test_a_tensor_model_answers_the_request_prefilled_from_its_signature(
     console_server: LiveServer, page: Watched
 ) -> None:
