@@ -1,20 +1,24 @@
-"""Full model vs a middle layer vs a feature layer, served, and the first-request latency of a new cut.
+"""Full model vs layers, served, with each new cut's first request and the server's memory after it.
 
-    .venv/bin/python benchmarks/layers.py [--layer block7_add] [--duration-s 8] [--concurrency 4]
+    .venv/bin/python benchmarks/layers.py [--layer block7_add] [--folded block7_expand] [--duration-s 8]
 
-For each requested output, on the demo EfficientNet: the very first request (the cut is built and served
-on the Keras compiled call at once), the time until the cut's background ONNX export is verified and
-serving, then the served throughput (V2 binary infer, one image per request).
+For each requested output, on the demo EfficientNet: the very first request (a cut taken out of the verified
+export, or, for a layer the export folded away, exported by the preparer's child while the request waits), how
+the cut runs, the server process's resident memory afterwards and whether it mapped TensorFlow, then the served
+throughput (V2 binary infer, one image per request).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
+import re
 import time
 import urllib.request
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -30,16 +34,30 @@ def _first_request_s(url: str, workload: Workload) -> float:
     return time.perf_counter() - started
 
 
-def _onnx_ready_s(url: str, model: str, output: str, limit_s: float = 300) -> float:
-    """Seconds until the cut for `output` runs on ONNX (polls the model's metadata)."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < limit_s:
-        with urllib.request.urlopen(f"{url}/v2/models/{model}", timeout=30) as response:
-            cuts = json.loads(response.read())["cuts"]
-        if any(c["outputs"] == [output] and c["engine"] == "onnx" for c in cuts):
-            return time.perf_counter() - started
-        time.sleep(0.1)
-    return float("nan")
+def _server_pid(port: int) -> int:
+    """The `layerserve serve` process listening on `port`."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            words = cmdline.read_bytes().split(b"\0")
+            if b"serve" in words and str(port).encode() in words:
+                return int(cmdline.parent.name)
+    raise RuntimeError(f"no server on port {port}")
+
+
+def _memory(pid: int) -> tuple[float, bool]:
+    """The process's resident MB, and whether it has TensorFlow mapped."""
+    resident = re.search(r"^VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)
+    assert resident is not None
+    return int(resident[1]) / 1024, "tensorflow" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def _how(url: str, model: str, output: str) -> str:
+    with urllib.request.urlopen(f"{url}/v2/models/{model}", timeout=30) as response:
+        cuts = json.loads(response.read())["cuts"]
+    reasons = [c["engine_reason"] for c in cuts if c["outputs"] == [output]]
+    if not reasons:
+        return "the model's own call"
+    return "cut out of the export" if "cut out of" in reasons[0] else f"exported by the child ({reasons[0][:40]})"
 
 
 def main() -> None:
@@ -48,30 +66,30 @@ def main() -> None:
     parser.add_argument("--model", default="efficientnet_lite0")
     parser.add_argument("--layer", default="block7_add", help="a middle layer")
     parser.add_argument("--feature", default="avg_pool", help="a feature-vector layer")
+    parser.add_argument("--folded", default="block7_expand", help="a convolution whose batch norm the export folded")
     parser.add_argument("--duration-s", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--port", type=int, default=8766)
     args = parser.parse_args()
     rows = []
     with demo_server(args.port) as (url, _), multiprocessing.get_context("spawn").Pool(1) as pool:
-        for output in ("", args.layer, args.feature):
+        pid = _server_pid(args.port)
+        print(f"server at start: {_memory(pid)[0]:.0f} MB resident, TensorFlow mapped: {_memory(pid)[1]}")
+        for output in ("", args.layer, args.feature, args.folded):
             workload = build_workload(url, args.model, "tensor", 1, None, (output,) if output else (), use_cache=False)
             first_s = _first_request_s(url, workload)
-            onnx_s = _onnx_ready_s(url, args.model, output) if output else 0.0
+            resident, tensorflow = _memory(pid)
+            step = run_step(url, workload, args.concurrency, args.duration_s, pool)
             rows.append(
-                (
-                    output or "(model output)",
-                    first_s,
-                    onnx_s,
-                    run_step(url, workload, args.concurrency, args.duration_s, pool),
-                )
+                (output or "(model output)", _how(url, args.model, output), first_s, resident, tensorflow, step)
             )
-    full = rows[0][3].req_s
-    print(f"| output | first request ms | ONNX ready after s | req/s (c={args.concurrency}) | p50 ms | vs full |")
-    print("|---|---|---|---|---|---|")
-    for name, first_s, onnx_s, step in rows:
-        ratio = step.req_s / full
-        print(f"| {name} | {first_s * 1000:.0f} | {onnx_s:.1f} | {step.req_s:.1f} | {step.p50_ms:.1f} | {ratio:.2f} |")
+    full = rows[0][5].req_s
+    print(f"| output | cut | first request ms | server MB after | TensorFlow in server | req/s (c={args.concurrency}) "
+          "| p50 ms | vs full |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for name, how, first_s, resident, tensorflow, step in rows:
+        print(f"| {name} | {how} | {first_s * 1000:.0f} | {resident:.0f} | {'yes' if tensorflow else 'no'} | "
+              f"{step.req_s:.1f} | {step.p50_ms:.1f} | {step.req_s / full:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,15 +1,22 @@
-"""CutCache: a new cut serves at once on Keras, then switches to the ONNX engine the preparer verified; LRU."""
+"""CutCache: a cut taken out of the served export answers at once (no Keras here) and is checked against Keras after;
+one the export does not hold is exported while the request waits; a version on Keras here serves a new cut on Keras
+at once, then on the ONNX engine the preparer verified; LRU."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
+from layerserve.engines.base import onnx_cache_path
+from layerserve.errors import BadRequestError
 from layerserve.lifecycle.model import file_digest, read_signature
-from layerserve.lifecycle.prepare import ModelSource, Preparer
-from layerserve.serving.cuts import CutCache
+from layerserve.lifecycle.prepare import ModelSource, Preparer, record_path
+from layerserve.serving.cuts import CutCache, ServedExport
 from layerserve.serving.layers import LayerGraph
 from layerserve.settings import Settings
 from tests.models import build_multi, save_model
@@ -21,7 +28,8 @@ def test_cut_starts_on_keras_then_switches_to_onnx(tmp_path: Path) -> None:
     graph = LayerGraph(read_signature(model), model)
     exporter, preparer = ThreadPoolExecutor(1), Preparer()
     source = ModelSource(path, file_digest(path), trust=False)
-    cache = CutCache(graph, source, Settings(engine_cache_dir=tmp_path / "cache"), exporter, preparer)
+    settings = Settings(engine_cache_dir=tmp_path / "cache")
+    cache = CutCache(graph, source, settings, exporter, preparer, keras_here=True)
     cut = cache.get(("features", "tokens"), ("joined",))
     assert cut.engine.name == "keras" and "while the ONNX export runs" in cut.engine_reason
     features = np.ones((2, 4), np.float32)
@@ -41,9 +49,91 @@ def test_bounded_and_keras_only(tmp_path: Path) -> None:
     graph = LayerGraph(read_signature(model), model)
     settings = Settings(engine_cache_dir=tmp_path / "cache", engine="keras", max_cuts_per_version=2)
     exporter, preparer = ThreadPoolExecutor(1), Preparer()
-    cache = CutCache(graph, ModelSource(path, file_digest(path), trust=False), settings, exporter, preparer)
+    source = ModelSource(path, file_digest(path), trust=False)
+    cache = CutCache(graph, source, settings, exporter, preparer, keras_here=True)
     for output in ("embedding", "flat", "joined"):
         assert cache.get(("features", "tokens"), (output,)).engine.name == "keras"
     assert [c["outputs"] for c in cache.describe()] == [["flat"], ["joined"]]
     exporter.shutdown(wait=True)
     assert all(c["engine"] == "keras" for c in cache.describe()) and preparer._pool is None
+
+
+def _served(tmp_path: Path) -> tuple[Any, LayerGraph, ModelSource, Preparer, ServedExport]:
+    """`multi` prepared by the preparer's child, as a version serving its export sees it: the layer table, and
+    where each layer's output is in the export (no Keras model here)."""
+    model = build_multi()
+    path = save_model(model, tmp_path / "m", "model.keras")
+    source, preparer = ModelSource(path, file_digest(path), trust=False), Preparer()
+    export = onnx_cache_path(tmp_path / "cache", source.digest)
+    prepared = preparer.model(source, export, 2)
+    graph = LayerGraph.from_table(prepared.signature, prepared.layers, "", source.load)
+    return model, graph, source, preparer, ServedExport(export, prepared.located)
+
+
+def _keras_cut(model: Any, inputs: list[str], outputs: list[str], feed: list[np.ndarray]) -> list[np.ndarray]:
+    import keras
+
+    tensors = LayerGraph(read_signature(model), model)._tensors
+    answers = keras.Model([tensors[n] for n in inputs], [tensors[n] for n in outputs])(feed)
+    return [np.asarray(x) for x in (answers if isinstance(answers, list) else [answers])]
+
+
+def test_a_cut_out_of_the_export_answers_at_once_and_is_checked_against_keras(tmp_path: Path) -> None:
+    model, graph, source, preparer, export = _served(tmp_path)
+    assert {"embedding", "flat", "joined", "features", "tokens"} <= set(export.located)
+    exporter = ThreadPoolExecutor(1)
+    cache = CutCache(graph, source, Settings(engine_cache_dir=tmp_path / "cache"), exporter, preparer, export)
+    cut = cache.get(("features", "flat"), ("joined", "probs"))  # from a layer to a layer and a model output
+    assert cut.engine.name == "onnx" and "cut out of the verified export" in cut.engine_reason
+    assert graph._load is not None  # the Keras model was never loaded here
+    features = np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)
+    flat = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
+    want = _keras_cut(model, ["features", "flat"], ["joined", "probs"], [features, flat])
+    for got, expected in zip(cut.engine.run([features, flat]), want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    exporter.shutdown(wait=True)  # the check in the preparer's child has run
+    preparer.close()
+    assert "checked against Keras: max difference" in cut.engine_reason, cut.engine_reason
+    again = CutCache(graph, source, Settings(engine_cache_dir=tmp_path / "cache"), ThreadPoolExecutor(1), preparer,
+                     export)  # fmt: skip
+    assert "checked against Keras" in again.get(("features", "flat"), ("joined", "probs")).engine_reason  # kept
+
+
+def test_a_cut_the_export_does_not_hold_is_exported_while_the_request_waits(tmp_path: Path) -> None:
+    model, graph, source, preparer, export = _served(tmp_path)
+    partial = ServedExport(export.path, {k: v for k, v in export.located.items() if k != "joined"})
+    cache = CutCache(graph, source, Settings(engine_cache_dir=tmp_path / "cache"), ThreadPoolExecutor(1), preparer,
+                     partial)  # fmt: skip
+    cut = cache.get(("features", "tokens"), ("joined",))
+    assert cut.engine.name == "onnx" and "verified against Keras" in cut.engine_reason, cut.engine_reason
+    features, tokens = np.ones((2, 4), np.float32), np.zeros((2, 3), np.int32)
+    want = _keras_cut(model, ["features", "tokens"], ["joined"], [features, tokens])[0]
+    np.testing.assert_allclose(cut.engine.run([features, tokens])[0], want, atol=1e-5)
+    assert graph._load is not None
+    preparer.close()
+
+
+def test_a_cut_that_failed_its_check_is_exported_instead(tmp_path: Path) -> None:
+    _, graph, source, preparer, export = _served(tmp_path)
+    settings = Settings(engine_cache_dir=tmp_path / "cache")
+    exporter = ThreadPoolExecutor(1)
+    first = CutCache(graph, source, settings, exporter, preparer, export)
+    assert "cut out of" in first.get(("features", "flat"), ("joined",)).engine_reason
+    exporter.shutdown(wait=True)
+    taken = first._cache_file(("features", "flat"), ("joined",), "-extracted")
+    record = json.loads(record_path(taken).read_text())
+    record_path(taken).write_text(json.dumps({**record, "max_difference": 0.5}))  # as a failed check leaves it
+    cut = CutCache(graph, source, settings, ThreadPoolExecutor(1), preparer, export).get(
+        ("features", "flat"), ("joined",)
+    )
+    assert "verified against Keras" in cut.engine_reason and "cut out of" not in cut.engine_reason
+    preparer.close()
+
+
+def test_a_cut_that_needs_a_missing_tensor_is_refused_from_the_table(tmp_path: Path) -> None:
+    _, graph, source, preparer, export = _served(tmp_path)
+    cache = CutCache(graph, source, Settings(engine_cache_dir=tmp_path / "cache"), ThreadPoolExecutor(1), preparer,
+                     export)  # fmt: skip
+    with pytest.raises(BadRequestError, match="also need flat"):
+        cache.get(("features",), ("joined",))
+    assert graph._load is not None and not (tmp_path / "cache" / "cuts").exists()  # refused from the table alone

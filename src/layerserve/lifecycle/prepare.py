@@ -3,8 +3,9 @@
 Keras' loader and tf2onnx hold the GIL for long stretches; run in the server process, they stall the
 requests of every other model. A niced child process does this once per model file and writes the
 result (a `Preparation`) beside the ONNX export, keyed by the file's hash. Loading a version whose file
-was prepared before opens an ONNX Runtime session and nothing more; its Keras model is loaded only if a
-request needs a cut (see `LayerGraph`).
+was prepared before opens an ONNX Runtime session and nothing more. The preparation also locates each layer's
+output in the export, so that the server cuts the graph there without Keras (see CutCache); the child exports
+(and checks) the cuts it cannot.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from layerserve.engines.base import Verdict, probe_batch
-from layerserve.engines.onnx import export_and_verify
+from layerserve.engines.base import Verdict, graph_name, max_difference, probe_batch
+from layerserve.engines.keras import KerasEngine
+from layerserve.engines.onnx import OnnxEngine, export_and_verify
+from layerserve.engines.onnx_subgraph import TensorPlace, locate_layers
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import Signature, file_digest, load_model, read_signature
 from layerserve.serving.layers import LayerGraph, LayerInfo
@@ -31,9 +34,10 @@ from layerserve.tensors import TensorSpec
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 2  # 2: Embedding layers record their input_dim
+_FORMAT = 3  # 2: Embedding layers record their input_dim; 3: where each layer's output is in the export
 _NICENESS = 10
 _KEPT_PREPARATIONS = 64
+_LOCATE_ATOL = 1e-4  # a layer's output and its tensor in the export agree this closely on the probe batch
 T = TypeVar("T")
 
 
@@ -72,13 +76,15 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class Preparation:
-    """What serving a model file needs without loading it: signature, layer table and ONNX verdict."""
+    """What serving a model file needs without loading it: signature, layer table, ONNX verdict and where the
+    layers' outputs are in the export."""
 
     signature: Signature
     layers: tuple[LayerInfo, ...]
     layer_count: int
     unavailable_reason: str
     verdict: Verdict
+    located: dict[str, TensorPlace]
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form."""
@@ -88,6 +94,7 @@ class Preparation:
             "layers": [layer.to_record() for layer in self.layers],
             "layer_count": self.layer_count,
             "unavailable_reason": self.unavailable_reason,
+            "located": {name: place.to_record() for name, place in self.located.items()},
             **self.verdict.to_dict(),
         }
 
@@ -100,7 +107,8 @@ class Preparation:
         )
         layers = tuple(LayerInfo.from_record(layer) for layer in data["layers"])
         unavailable = str(data["unavailable_reason"])
-        return cls(signature, layers, int(data["layer_count"]), unavailable, Verdict.from_dict(data))
+        located = {str(name): TensorPlace.from_record(place) for name, place in data["located"].items()}
+        return cls(signature, layers, int(data["layer_count"]), unavailable, Verdict.from_dict(data), located)
 
 
 def record_path(cache_file: Path) -> Path:
@@ -152,9 +160,16 @@ def prepare_model(source: ModelSource, cache_file: Path, probe_rows: int) -> dic
     except ModelLoadError as error:
         return {"load_error": error.message}
     inputs = graph.signature.inputs
-    verdict = export_and_verify(model, inputs, cache_file, probe_batch(inputs, probe_rows))
+    probe = probe_batch(inputs, max(2, probe_rows))
+    verdict = export_and_verify(model, inputs, cache_file, probe)
+    located: dict[str, TensorPlace] = {}
+    if verdict.max_difference is not None and not graph.unavailable_reason:
+        feed = {graph_name(spec.name): array for spec, array in zip(inputs, probe, strict=True)}
+        records = locate_layers(cache_file, feed, graph.layer_values(probe), _LOCATE_ATOL)
+        located = {name: TensorPlace.from_record(place) for name, place in records.items()}
     layer_count = len(getattr(model, "layers", []))
-    data = Preparation(graph.signature, tuple(graph.layers), layer_count, graph.unavailable_reason, verdict).to_dict()
+    unavailable = graph.unavailable_reason
+    data = Preparation(graph.signature, tuple(graph.layers), layer_count, unavailable, verdict, located).to_dict()
     _write_record(cache_file, data)
     return data
 
@@ -171,6 +186,22 @@ def prepare_cut(
     specs = tuple(graph.spec(name, "input") for name in inputs)
     data = export_and_verify(cut, specs, cache_file, probe_batch(specs, 2)).to_dict()
     _write_record(cache_file, data)
+    return data
+
+
+def check_cut(source: ModelSource, inputs: tuple[str, ...], outputs: tuple[str, ...], cut_file: Path) -> dict[str, Any]:
+    """(child) Compare a cut taken out of the export (`cut_file`) with the same cut in Keras; the verdict, also kept
+    on disk."""
+    try:
+        _, graph = _model_and_graph(source)
+        cut = graph.build_cut(inputs, outputs)
+    except ModelLoadError as error:
+        return Verdict(None, f"cannot load the model for the check: {error.message}").to_dict()
+    specs = tuple(graph.spec(name, "input") for name in inputs)
+    probe = probe_batch(specs, 2)
+    expected = KerasEngine(cut, specs).run(probe)
+    data = Verdict(max_difference(expected, OnnxEngine(cut_file, specs, 1).run(probe))).to_dict()
+    _write_record(cut_file, data)
     return data
 
 
@@ -261,6 +292,19 @@ class Preparer:
         data = read_record(cache_file)
         if data is None:
             data = self._run(prepare_cut, source, inputs, outputs, cache_file)
+        return Verdict.from_dict(data)
+
+    def check_cut(
+        self, source: ModelSource, inputs: tuple[str, ...], outputs: tuple[str, ...], cut_file: Path
+    ) -> Verdict:
+        """The verdict on a cut taken out of the export: the stored one, else made in the child now.
+
+        Raises:
+            ModelLoadError: the child died.
+        """
+        data = read_record(cut_file)
+        if data is None:
+            data = self._run(check_cut, source, inputs, outputs, cut_file)
         return Verdict.from_dict(data)
 
     def _run(self, function: Any, *args: Any) -> dict[str, Any]:

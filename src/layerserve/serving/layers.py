@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from layerserve.errors import BadRequestError, NotFoundError
 from layerserve.lifecycle.model import Signature
 from layerserve.tensors import TensorSpec, datatype_of
@@ -119,7 +121,6 @@ class LayerGraph:
         self.signature = signature
         self.layers: list[LayerInfo] = []
         self._tensors: dict[str, Any] = {}
-        self._names: dict[int, str] = {}
         self._specs: dict[str, TensorSpec] = {s.name: s for s in (*signature.inputs, *signature.outputs)}
         self._load: Callable[[], Any] | None = None
         self._lock = threading.Lock()
@@ -164,7 +165,7 @@ class LayerGraph:
         for spec, tensor in zip(self.signature.outputs, outputs, strict=True):
             replay.tensors.setdefault(spec.name, tensor)
             replay.names.setdefault(id(tensor), spec.name)
-        self.layers, self._tensors, self._names = replay.layers, replay.tensors, replay.names
+        self.layers, self._tensors = replay.layers, replay.tensors
         self._specs.update({spec.name: spec for layer in self.layers for spec in layer.outputs})
 
     def index_ranges(self) -> dict[str, tuple[int, str]]:
@@ -212,64 +213,88 @@ class LayerGraph:
         model_outputs = {s.name for s in self.signature.outputs}
         return set(inputs) == {s.name for s in self.signature.inputs} and set(outputs) <= model_outputs
 
-    def build_cut(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Any:
-        """A Keras model from the named tensors to the named outputs (sharing the version's weights).
+    def check_cut(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> None:
+        """Check a cut against the layer table: known names, and outputs computable from the inputs (where the
+        table tells; a shared layer's second call has no name of its own, and Keras checks such cuts).
 
         Raises:
-            BadRequestError: the outputs depend on a tensor that was not given (named in the message).
+            BadRequestError: an unknown name, or outputs that depend on a tensor not given (named in the message).
             NotFoundError: the model has no layer graph.
         """
-        import keras
-
         if self.unavailable_reason:
             raise NotFoundError(f"layer outputs unavailable: {self.unavailable_reason}")
         for name in inputs:
             self.spec(name, "input")
         for name in outputs:
             self.spec(name, "output")
-        self._ensure_tensors()
-        given = [self._tensors[name] for name in inputs]
-        wanted = [self._tensors[name] for name in outputs]
-        missing = self._missing({id(t) for t in given}, wanted)
+        missing = self.missing(inputs, outputs)
         if missing:
             raise BadRequestError(
                 f"outputs {', '.join(outputs)} also need {', '.join(missing)}, which the request does not give; "
                 f"add it to 'inputs' (cut there too) or cut elsewhere"
             )
-        # Single tensors rather than 1-lists, so that calling the cut with one array matches its structure.
-        return keras.Model(inputs=given[0] if len(given) == 1 else given, outputs=wanted)
 
-    def _missing(self, given: set[int], wanted: list[Any]) -> list[str]:
-        """Names of tensors the wanted outputs need that cannot be computed from the given ones."""
-        computable: dict[int, bool] = {}
-        parents: dict[int, list[Any]] = {}
-        stack = list(wanted)
+    def missing(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> list[str] | None:
+        """Names of tensors the outputs need that cannot be computed from the inputs (empty: none), from the layer
+        table; None where the table cannot tell."""
+        producers = {spec.name: layer.inbound for layer in self.layers for spec in layer.outputs}
+        given = set(inputs)
+        computable: dict[str, bool] = {}
+        parents: dict[str, tuple[str, ...]] = {}
+        stack = list(outputs)
         while stack:
-            tensor = stack[-1]
-            key = id(tensor)
-            if key in computable:
+            name = stack[-1]
+            if name in computable:
                 stack.pop()
-                continue
-            if key in given:
-                computable[key] = True
+            elif name in given:
+                computable[name] = True
                 stack.pop()
-                continue
-            if key not in parents:
-                history = tensor._keras_history
-                node = history.operation._inbound_nodes[history.node_index]
-                parents[key] = [] if node.is_input else list(node.input_tensors)
-                stack.extend(p for p in parents[key] if id(p) not in computable)
-                continue
-            inputs = parents[key]
-            computable[key] = bool(inputs) and all(computable[id(p)] for p in inputs)
-            stack.pop()
+            elif name not in parents:
+                if name not in producers:
+                    return None  # a model output that is no layer's, or an unnamed tensor
+                parents[name] = producers[name]
+                stack.extend(parent for parent in parents[name] if parent not in computable)
+            else:
+                computable[name] = bool(parents[name]) and all(computable[parent] for parent in parents[name])
+                stack.pop()
         frontier = {
-            self._names.get(id(p), "?")
-            for key, inputs in parents.items()
-            if any(computable[id(p)] for p in inputs)
-            for p in inputs
-            if not computable[id(p)]
+            parent
+            for ins in parents.values()
+            if any(computable[p] for p in ins)
+            for parent in ins
+            if not computable[parent]
         }
         if not frontier:
-            frontier = {self._names.get(key, "?") for key, inputs in parents.items() if not inputs}
+            frontier = {name for name, ins in parents.items() if not ins}
         return sorted(frontier)
+
+    def build_cut(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Any:
+        """A Keras model from the named tensors to the named outputs (sharing the version's weights).
+
+        Raises:
+            BadRequestError: see check_cut; also outputs that Keras finds depend on a tensor not given.
+            NotFoundError: the model has no layer graph.
+        """
+        import keras
+
+        self.check_cut(inputs, outputs)
+        self._ensure_tensors()
+        given = [self._tensors[name] for name in inputs]
+        wanted = [self._tensors[name] for name in outputs]
+        try:  # Single tensors rather than 1-lists, so that calling the cut with one array matches its structure.
+            return keras.Model(inputs=given[0] if len(given) == 1 else given, outputs=wanted)
+        except ValueError as error:  # a path the table could not follow: Keras' own word on what is missing
+            raise BadRequestError(f"outputs {', '.join(outputs)} cannot be computed from {', '.join(inputs)}: "
+                                  f"{error}") from None  # fmt: skip
+
+    def layer_values(self, batch: list[Any]) -> dict[str, Any]:
+        """Every layer output's value for a batch of the model's inputs, by tensor name (Keras: in the preparer's
+        child)."""
+        import keras
+
+        self._ensure_tensors()
+        names = [spec.name for layer in self.layers for spec in layer.outputs]
+        inputs = [self._tensors[spec.name] for spec in self.signature.inputs]
+        probe = keras.Model(inputs=inputs[0] if len(inputs) == 1 else inputs, outputs=[self._tensors[n] for n in names])
+        values = probe(batch[0] if len(batch) == 1 else batch)
+        return {name: np.asarray(value) for name, value in zip(names, values, strict=True)}

@@ -16,11 +16,12 @@ from pathlib import Path
 from layerserve.engines.base import Engine, EngineKind, Verdict, onnx_cache_path, probe_batch
 from layerserve.engines.choice import choose_engine
 from layerserve.engines.keras import KerasEngine
+from layerserve.engines.onnx_subgraph import TensorPlace
 from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.lifecycle.model import Signature, find_model_file, read_signature
 from layerserve.lifecycle.prepare import ModelSource, Preparer
 from layerserve.serving.batchers import BatchingPlan
-from layerserve.serving.cuts import CutCache
+from layerserve.serving.cuts import CutCache, ServedExport
 from layerserve.serving.input_codec import InputCodec
 from layerserve.serving.layers import LayerGraph
 from layerserve.serving.request_checks import RequestChecks
@@ -52,6 +53,7 @@ class _Model:
     layer_count: int
     verdict: Verdict
     keras: KerasEngine | None = None
+    located: dict[str, TensorPlace] = dataclasses.field(default_factory=dict)  # layers' outputs in the export
 
 
 def _load_keras(source: ModelSource) -> _Model:
@@ -88,7 +90,7 @@ def load_version(
     else:
         prepared = preparer.model(source, cache_file, config.warmup_batch_size)
         graph = LayerGraph.from_table(prepared.signature, prepared.layers, prepared.unavailable_reason, source.load)
-        model = _Model(prepared.signature, graph, prepared.layer_count, prepared.verdict)
+        model = _Model(prepared.signature, graph, prepared.layer_count, prepared.verdict, located=prepared.located)
     codec = InputCodec.read(name, config, model.graph, folder)
 
     def keras_engine() -> KerasEngine:
@@ -107,7 +109,11 @@ def load_version(
     plan = BatchingPlan.of(config, settings, model.signature)
     try:  # from here on the engine is ours to close if anything fails (it may be a process)
         plan = dataclasses.replace(plan, inline=_is_fast(choice.engine, model.signature, config, plan, settings))
-        cuts = CutCache(model.graph, source, settings.model_copy(update={"engine": engine_choice}), exporter, preparer)
+        export = ServedExport(cache_file, model.located) if choice.engine.name is EngineKind.ONNX else None
+        cuts = CutCache(
+            model.graph, source, settings.model_copy(update={"engine": engine_choice}), exporter, preparer, export,
+            keras_here=model.keras is not None,
+        )  # fmt: skip
         checks = RequestChecks(model.graph, codec.encoded_input, codec.image is not None)
     except BaseException:
         choice.engine.close()

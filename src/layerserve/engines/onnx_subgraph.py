@@ -1,0 +1,161 @@
+"""Layers inside a verified ONNX export: where each layer's output lives in the graph (found once, in the preparer's
+child, by matching Keras' values on the probe batch), and cuts taken out of the export by those tensor names, so
+that the server runs a new cut without TensorFlow and without a new export.
+
+tf2onnx keeps most layers' outputs as tensors of their own; convolutions may run channels-first inside (a
+transpose at the graph's edges), and a convolution whose batch normalization it folded in has no tensor of its own
+(its layer is not located, and its cuts are exported the usual way).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerserve.engines.base import graph_name, max_difference
+from layerserve.errors import ModelLoadError
+from layerserve.tensors import Array, TensorSpec
+
+_TO_CHANNELS_FIRST = (0, 3, 1, 2)
+_TO_CHANNELS_LAST = (0, 2, 3, 1)
+
+
+@dataclass(frozen=True)
+class TensorPlace:
+    """Where a layer's output is in the exported graph: a tensor, channels-first when the layer's is last."""
+
+    tensor: str
+    channels_first: bool = False
+
+    def to_record(self) -> list[Any]:
+        """The stored form."""
+        return [self.tensor, self.channels_first]
+
+    @classmethod
+    def from_record(cls, data: list[Any]) -> TensorPlace:
+        """Read the stored form."""
+        return cls(str(data[0]), bool(data[1]))
+
+
+class CutNotExtractableError(ModelLoadError):
+    """The export's graph does not compute the cut's outputs from its inputs alone (export it instead)."""
+
+
+def locate_layers(onnx_file: Path, feed: dict[str, Array], expected: dict[str, Array], atol: float) -> dict[str, Any]:
+    """(child) Each layer output of `expected` (Keras' values on the probe `feed`, by tensor name) -> the graph
+    tensor holding the same values, as records; the graph inputs by name. Layers with no such tensor are left out."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(onnx_file))
+    produced = [name for node in model.graph.node for name in node.output if name]
+    del model.graph.output[:]
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in produced)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # every tensor as exported
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    inputs = {graph.name: graph for graph in session.get_inputs()}
+    values = dict(zip(produced, session.run(None, {name: feed[name] for name in inputs}), strict=True))
+    values.update({name: feed[name] for name in inputs})
+    candidates: dict[tuple[int, ...], list[tuple[str, bool]]] = {}
+    for name, value in values.items():
+        candidates.setdefault(value.shape, []).append((name, False))
+        if value.ndim == 4:
+            candidates.setdefault(np.transpose(value, _TO_CHANNELS_LAST).shape, []).append((name, True))
+    located: dict[str, Any] = {}
+    for layer, reference in expected.items():
+        best: tuple[float, str, bool] | None = None
+        for name, channels_first in candidates.get(reference.shape, []):
+            value = values[name]
+            if value.dtype != reference.dtype:
+                continue
+            difference = max_difference(
+                [reference], [np.transpose(value, _TO_CHANNELS_LAST) if channels_first else value]
+            )
+            if difference <= atol and (best is None or (difference, channels_first) < (best[0], best[2])):
+                best = (difference, name, channels_first)
+        if best is not None:
+            located[layer] = TensorPlace(best[1], best[2]).to_record()
+    return located
+
+
+def extract_cut(
+    onnx_file: Path, inputs: list[tuple[TensorSpec, TensorPlace]], outputs: list[tuple[str, TensorPlace]], target: Path
+) -> None:
+    """Write the part of the export that computes `outputs` from `inputs` as a graph of its own, whose inputs and
+    outputs are named and laid out as the layers' (channels-last, as Keras has them), to `target` atomically.
+
+    Raises:
+        CutNotExtractableError: that part needs a tensor the inputs do not give (a shape computed from the model's
+            input, say).
+    """
+    import onnx
+
+    model = onnx.load(str(onnx_file))
+    graph = model.graph
+    given = {place.tensor for _, place in inputs}
+    wanted = [place.tensor for _, place in outputs]
+    producer = {name: node for node in graph.node for name in node.output}
+    constants = {tensor.name for tensor in graph.initializer}
+    kept: dict[int, Any] = {}
+    seen: set[str] = set()
+    stack = list(wanted)
+    while stack:
+        name = stack.pop()
+        if name in seen or name in given or name in constants or not name:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is None:
+            raise CutNotExtractableError(f"the exported graph computes these outputs from '{name}' too")
+        if id(node) not in kept:
+            kept[id(node)] = node
+            stack.extend(node.input)
+    nodes = [node for node in graph.node if id(node) in kept]  # the graph's own (topological) order
+    edges: list[Any] = []
+    graph_inputs = []
+    for spec, place in inputs:
+        name = graph_name(spec.name)
+        graph_inputs.append(_value_info(name, spec))
+        if place.channels_first:
+            edges.append(onnx.helper.make_node("Transpose", [name], [place.tensor], perm=list(_TO_CHANNELS_FIRST)))
+        elif name != place.tensor:  # a model input keeps its name
+            edges.append(onnx.helper.make_node("Identity", [name], [place.tensor]))
+    entry = len(edges)
+    graph_outputs = []
+    for index, (_, place) in enumerate(outputs):
+        name = f"cut_output_{index}"
+        perm = {"perm": list(_TO_CHANNELS_LAST)} if place.channels_first else {}
+        edges.append(onnx.helper.make_node("Transpose" if perm else "Identity", [place.tensor], [name], **perm))
+        graph_outputs.append(onnx.helper.make_empty_tensor_value_info(name))
+    used = {name for node in nodes for name in node.input}
+    initializers = [tensor for tensor in graph.initializer if tensor.name in used]
+    cut = onnx.helper.make_graph(
+        edges[:entry] + nodes + edges[entry:], "cut", graph_inputs, graph_outputs, initializers
+    )
+    extracted = onnx.helper.make_model(cut, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    _write_atomically(extracted.SerializeToString(), target)
+
+
+def _value_info(name: str, spec: TensorSpec) -> Any:
+    import onnx
+
+    element = onnx.helper.np_dtype_to_tensor_dtype(spec.dtype)
+    return onnx.helper.make_tensor_value_info(name, element, [None if dim < 0 else dim for dim in spec.shape])
+
+
+def _write_atomically(content: bytes, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(suffix=".onnx.tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(content)
+        Path(temporary).replace(target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
