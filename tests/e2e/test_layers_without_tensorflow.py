@@ -64,7 +64,9 @@ def test_layer_outputs_and_cuts_never_load_tensorflow_into_the_server(
         cuts = httpx.get(f"{url}/v2/models/efficientnet_lite0").json()["cuts"]
         assert len(cuts) == 2 and all("cut out of the verified export" in c["engine_reason"] for c in cuts), cuts
         assert not _maps_tensorflow(process.pid)  # the server never loaded TensorFlow
-        assert _resident_mb(process.pid) - before < 120  # two sessions and the onnx package, not TensorFlow
+        # Two sessions (one is nearly the whole network, with its activations) and the onnx package; TensorFlow alone
+        # would add about 750 MB.
+        assert _resident_mb(process.pid) - before < 250
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0

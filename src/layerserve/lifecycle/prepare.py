@@ -289,10 +289,7 @@ class Preparer:
         Raises:
             ModelLoadError: the child died.
         """
-        data = read_record(cache_file)
-        if data is None:
-            data = self._run(prepare_cut, source, inputs, outputs, cache_file)
-        return Verdict.from_dict(data)
+        return self._verdict(prepare_cut, source, inputs, outputs, onnx_file=cache_file)
 
     def check_cut(
         self, source: ModelSource, inputs: tuple[str, ...], outputs: tuple[str, ...], cut_file: Path
@@ -302,9 +299,12 @@ class Preparer:
         Raises:
             ModelLoadError: the child died.
         """
-        data = read_record(cut_file)
+        return self._verdict(check_cut, source, inputs, outputs, onnx_file=cut_file)
+
+    def _verdict(self, function: Any, source: ModelSource, *names: tuple[str, ...], onnx_file: Path) -> Verdict:
+        data = read_record(onnx_file)
         if data is None:
-            data = self._run(check_cut, source, inputs, outputs, cut_file)
+            data = self._run(function, source, *names, onnx_file)
         return Verdict.from_dict(data)
 
     def _run(self, function: Any, *args: Any) -> dict[str, Any]:

@@ -151,6 +151,9 @@ class CutCache:
         if self._passes(verdict.max_difference):
             cut.engine_reason = f"{_CHECKING}; checked against Keras: max difference {verdict.max_difference:.2e}"
             return
+        if verdict.max_difference is None:  # no check could run (the model file is gone, say): it serves on, saying so
+            cut.engine_reason = f"{_CHECKING}; not checked against Keras: {verdict.error}"
+            return
         log.warning("cut %s -> %s out of the export differs from Keras (%s); exporting it", cut.inputs, cut.outputs,
                     verdict.max_difference)  # fmt: skip
         with self._lock:
