@@ -180,7 +180,8 @@ def _under_load(url: str, fault: Callable[[], None]) -> tuple[list[int], list[st
 
 
 def _wait_back(url: str, gone: Callable[[list[tuple[int, str]]], bool]) -> list[tuple[int, str]]:
-    """Wait until two replicas live again, none of them what `gone` names, and the application is RUNNING."""
+    """Wait until two replicas live again, none of them what `gone` names, the application is RUNNING and ready, and
+    requests through the proxy reach both."""
     from ray import serve
 
     deadline = time.monotonic() + 120  # Ray starts a new replica, which loads the models again
@@ -195,6 +196,16 @@ def _wait_back(url: str, gone: Callable[[list[tuple[int, str]]], bool]) -> list[
     while time.monotonic() < deadline and httpx.get(f"{url}/v2/health/ready", timeout=30).status_code != 200:
         time.sleep(0.5)
     assert httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200
+    # And the proxy routes to both again: its table of replicas follows the controller's a moment later.
+    x = {"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}
+    answered: set[str] = set()
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while len(answered) < 2 and time.monotonic() < deadline:
+            answer = client.post("/v2/models/mlp/infer", json={"inputs": [x]})
+            assert answer.status_code == 200, answer.text
+            answered.add(answer.headers[REPLICA_HEADER])
+            time.sleep(0.02)
+    assert len(answered) == 2, answered
     return replicas
 
 
