@@ -99,6 +99,21 @@ def test_a_cut_out_of_the_export_answers_at_once_and_is_checked_against_keras(tm
     assert "checked against Keras" in again.get(("features", "flat"), ("joined", "probs")).engine_reason  # kept
 
 
+def test_a_cut_from_the_model_inputs_is_taken_out_of_the_export(tmp_path: Path) -> None:
+    model, graph, source, preparer, export = _served(tmp_path)
+    assert export.located["tokens"].tensor == "tokens"  # the graph input, not a copy of it inside the graph
+    cache = CutCache(graph, source, Settings(engine_cache_dir=tmp_path / "cache"), ThreadPoolExecutor(1), preparer,
+                     export)  # fmt: skip
+    cut = cache.get(("features", "tokens"), ("joined", "probs"))
+    assert "cut out of the verified export" in cut.engine_reason, cut.engine_reason
+    features = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
+    tokens = np.random.default_rng(3).integers(0, 10, (3, 3)).astype(np.int32)
+    want = _keras_cut(model, ["features", "tokens"], ["joined", "probs"], [features, tokens])
+    for got, expected in zip(cut.engine.run([features, tokens]), want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    preparer.close()
+
+
 def test_a_cut_the_export_does_not_hold_is_exported_while_the_request_waits(tmp_path: Path) -> None:
     model, graph, source, preparer, export = _served(tmp_path)
     partial = ServedExport(export.path, {k: v for k, v in export.located.items() if k != "joined"})

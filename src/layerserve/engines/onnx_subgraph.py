@@ -61,8 +61,10 @@ def locate_layers(onnx_file: Path, feed: dict[str, Array], expected: dict[str, A
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # every tensor as exported
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     inputs = {graph.name: graph for graph in session.get_inputs()}
-    values = dict(zip(produced, session.run(None, {name: feed[name] for name in inputs}), strict=True))
-    values.update({name: feed[name] for name in inputs})
+    # The graph's inputs first: where a node merely copies an input (a Cast to the same type, say), the input
+    # layer is located at the graph input itself, which every cut from it starts at.
+    values = {name: feed[name] for name in inputs}
+    values.update(zip(produced, session.run(None, {name: feed[name] for name in inputs}), strict=True))
     candidates: dict[tuple[int, ...], list[tuple[str, bool]]] = {}
     for name, value in values.items():
         candidates.setdefault(value.shape, []).append((name, False))
