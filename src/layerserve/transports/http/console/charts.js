@@ -17,10 +17,11 @@ function svg(tag, attributes = {}, text = "") {
 }
 
 // A line chart of series [{name, points: [[x, value | null]]}] from `xStart` to `xEnd`, with `xLabels` ([[text, x]]).
-function plot(title, series, { format, xStart, xEnd, xLabels, width = WIDTH }) {
+// `top`: a fixed top of the value axis (1 for a fraction), else the values' maximum with headroom.
+function plot(title, series, { format, xStart, xEnd, xLabels, width = WIDTH, top: fixedTop }) {
   const span = xEnd - xStart || 1;
   const values = series.flatMap((s) => s.points.map((p) => p[1])).filter((v) => v !== null && Number.isFinite(v));
-  const top = Math.max(...values, 0) * 1.15 || 1;
+  const top = fixedTop ?? (Math.max(...values, 0) * 1.15 || 1);
   const x = (t) => PAD.left + ((t - xStart) / span) * (width - PAD.left - PAD.right);
   const y = (v) => HEIGHT - PAD.bottom - (v / top) * (HEIGHT - PAD.top - PAD.bottom);
   const chart = svg("svg", { viewBox: `0 0 ${width} ${HEIGHT}`, role: "img" });
@@ -65,10 +66,10 @@ export function lineChart(title, series, { format = (v) => v.toFixed(1), windowS
   return plot(title, series, { format, xStart: start, xEnd: end, xLabels });
 }
 
-// A chart per training epoch: points at epochs 1..`epochs`.
-export function epochChart(title, series, epochs, format = (v) => v.toFixed(2)) {
+// A chart per training epoch: points at epochs 1..`epochs`; `top` fixes the value axis (1 for accuracy).
+export function epochChart(title, series, epochs, { format = (v) => v.toFixed(2), top } = {}) {
   const xLabels = [["epoch 1", 1], [`${epochs}`, Math.max(epochs, 2)]];
-  return plot(title, series, { format, xStart: 1, xEnd: Math.max(epochs, 2), xLabels, width: 460 });
+  return plot(title, series, { format, xStart: 1, xEnd: Math.max(epochs, 2), xLabels, width: 460, top });
 }
 
 // Horizontal bars of [{label, value}] (scores 0..1), the first one marked.

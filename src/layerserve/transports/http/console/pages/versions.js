@@ -43,7 +43,7 @@ function curves(job) {
     epochChart("Loss", [{ name: "training", points: line("loss") }, { name: "validation", points: line("val_loss") }],
       epochs),
     epochChart("Accuracy", [{ name: "training", points: line("accuracy") },
-      { name: "validation", points: line("val_accuracy") }], epochs));
+      { name: "validation", points: line("val_accuracy") }], epochs, { top: 1 }));
 }
 
 export function mount(view, context, where) {
