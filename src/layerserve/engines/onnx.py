@@ -27,6 +27,7 @@ class OnnxEngine:
     def __init__(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int) -> None:
         import onnxruntime as ort
 
+        self.path, self.inputs, self.threads = path, inputs, threads
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -45,6 +46,10 @@ class OnnxEngine:
     def run(self, inputs: list[Array]) -> list[Array]:
         """Compute the outputs for one batch."""
         return list(self._session.run(None, dict(zip(self._input_names, inputs, strict=True))))
+
+    def with_threads(self, threads: int) -> OnnxEngine:
+        """The same graph in a new session with `threads` intra-op threads."""
+        return OnnxEngine(self.path, self.inputs, threads)
 
     def close(self) -> None:
         """Nothing to do: the session is freed with the object."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,8 @@ from layerserve.tensors import (
 
 HEADER_LENGTH = "inference-header-content-length"
 _U32 = struct.Struct("<I")
+
+_LITTLE_ENDIAN = sys.byteorder == "little"  # V2 binary tensor data is little-endian
 
 
 def parse_version_number(raw: str | None) -> int | None:
@@ -133,7 +137,7 @@ def decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) 
     Raises:
         BadRequestError: the data does not hold the shape's elements.
     """
-    count = int(np.prod(shape))
+    count = math.prod(shape)
     dtype = dtype_of(datatype, what)
     if datatype == "BYTES":
         return _decode_bytes_elements(raw, count, what).reshape(shape)
@@ -142,7 +146,9 @@ def decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) 
             f"{what}: binary_data_size {len(raw)} does not match shape {list(shape)} of {datatype} "
             f"({count * dtype.itemsize} bytes expected)"
         )
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
+    if _LITTLE_ENDIAN:  # the wire's byte order already: a view of the body, no conversion
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
 
 
 CheckDeclared = Callable[[str, str, tuple[int, ...]], None]

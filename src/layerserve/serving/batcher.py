@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,7 +44,8 @@ class Batcher:
     oldest request has waited `max_delay_s` (0: at once). A request larger than `max_batch_size`
     runs alone. Every caller gets exactly its own rows back, or the error its own rows cause. With
     `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
-    thread would cost more than the call.
+    thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on the loop's next
+    turn (see `_flush_inline`), not a task.
     """
 
     def __init__(
@@ -74,11 +76,12 @@ class Batcher:
         self._rows = 0
         self._full = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._flush_scheduled = False
 
     @property
     def is_idle(self) -> bool:
         """Whether nothing is queued or running (the batcher can be dropped)."""
-        return self._task is None
+        return self._task is None and not self._flush_scheduled
 
     async def submit(self, arrays: list[Array], deadline: float | None) -> list[Array]:
         """Queue one request's arrays (same first dimension) and wait for its rows of the outputs.
@@ -89,10 +92,18 @@ class Batcher:
         """
         if self._budget.queued >= self._budget.limit:
             raise QueueFullError(f"the queue of model {self._labels[0]} is full ({self._budget.limit} requests)")
-        pending = _Pending(arrays, arrays[0].shape[0], asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        pending = _Pending(arrays, arrays[0].shape[0], loop.create_future())
         self._queue.append(pending)
         self._budget.queued += 1
         self._rows += pending.rows
+        if self._is_inline and not self._max_delay_s:
+            # Computed on the loop's next turn, with whatever else was queued by then: a callback, not a task.
+            # No deadline timer either: nothing makes the request wait longer than the batches queued before it.
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush_inline)
+            return await pending.future
         if self._rows >= self._max_batch_size:
             self._full.set()
         if self._task is None:
@@ -100,13 +111,25 @@ class Batcher:
         if deadline is None:
             return await pending.future
         # One timer per request (cheaper than wait_for + shield): it fails the future at the deadline.
-        timer = asyncio.get_running_loop().call_at(
-            asyncio.get_running_loop().time() + max(0.0, deadline - time.perf_counter()), _expire, pending
-        )
+        timer = loop.call_at(loop.time() + max(0.0, deadline - time.perf_counter()), _expire, pending)
         try:
             return await pending.future
         finally:
             timer.cancel()
+
+    def _flush_inline(self) -> None:
+        """(inline, no delay) Compute one batch of what is queued; another turn for the rest."""
+        self._flush_scheduled = False
+        batch = self._take()
+        if batch:
+            started = self._observe_start(batch)
+            try:
+                self._answer_now(batch)
+            finally:
+                self._compute_metric.observe(time.perf_counter() - started)
+        if self._queue and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_inline)
 
     async def _serve(self) -> None:
         try:
@@ -148,11 +171,16 @@ class Batcher:
         self._rows -= pending.rows
         return pending
 
-    async def _compute(self, batch: list[_Pending]) -> None:
+    def _observe_start(self, batch: list[_Pending]) -> float:
+        """A batch leaves the queue: its queue times and size go to the metrics; the start of its compute."""
         started = time.perf_counter()
         for pending in batch:
             self._queue_metric.observe(started - pending.enqueued)
         self._batch_size_metric.observe(sum(p.rows for p in batch))
+        return started
+
+    async def _compute(self, batch: list[_Pending]) -> None:
+        started = self._observe_start(batch)
         try:
             await self._answer(batch)
         finally:
@@ -164,37 +192,55 @@ class Batcher:
         fails the others it was batched with. An error that says the engine itself is gone fails them all."""
         started = time.perf_counter()
         try:
-            split = await self._call(batch)
+            arrays = _joined(batch)
+            if self._is_inline:
+                outputs = self._run(arrays)
+            else:
+                outputs = await asyncio.get_running_loop().run_in_executor(self._thread, self._run, arrays)
+            split = _split(outputs, [p.rows for p in batch])
         except Exception as error:
-            if len(batch) == 1 or isinstance(error, EngineProcessError):
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(error)
-                return
-            self._isolations_metric.inc()
-            middle = len(batch) // 2
-            for half in (batch[:middle], batch[middle:]):
-                live = [p for p in half if not p.future.done()]  # callers past their deadline are not re-run
-                if live:
-                    await self._answer(live)
+            for half in self._halves_to_retry(batch, error):
+                await self._answer(half)
             return
+        self._deliver(batch, split, started)
+
+    def _answer_now(self, batch: list[_Pending]) -> None:
+        """`_answer` on the event loop itself (an inline batch)."""
+        started = time.perf_counter()
+        try:
+            split = _split(self._run(_joined(batch)), [p.rows for p in batch])
+        except Exception as error:
+            for half in self._halves_to_retry(batch, error):
+                self._answer_now(half)
+            return
+        self._deliver(batch, split, started)
+
+    def _halves_to_retry(self, batch: list[_Pending], error: Exception) -> list[list[_Pending]]:
+        """After a failed call: the halves of the batch to run again, or none (a lone request, or an engine that
+        is gone), the error given to every caller then."""
+        if len(batch) == 1 or isinstance(error, EngineProcessError):
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            return []
+        self._isolations_metric.inc()
+        middle = len(batch) // 2
+        halves = ([p for p in half if not p.future.done()] for half in (batch[:middle], batch[middle:]))
+        return [half for half in halves if half]  # callers past their deadline are not re-run
+
+    def _deliver(self, batch: list[_Pending], split: list[list[Array]], started: float) -> None:
         if self._statistics is not None:
             self._statistics.record_batch(started, [p.enqueued for p in batch], sum(p.rows for p in batch))
         for pending, rows in zip(batch, split, strict=True):
             if not pending.future.done():
                 pending.future.set_result(rows)
 
-    async def _call(self, batch: list[_Pending]) -> list[list[Array]]:
-        """One model call for the batch (concatenated along axis 0); each caller's rows of the outputs."""
-        if len(batch) > 1:
-            arrays = [np.concatenate(parts) for parts in zip(*(p.arrays for p in batch), strict=True)]
-        else:
-            arrays = batch[0].arrays
-        if self._is_inline:
-            outputs = self._run(arrays)
-        else:
-            outputs = await asyncio.get_running_loop().run_in_executor(self._thread, self._run, arrays)
-        return _split(outputs, [p.rows for p in batch])
+
+def _joined(batch: list[_Pending]) -> list[Array]:
+    """The batch's arrays, concatenated along axis 0."""
+    if len(batch) == 1:
+        return batch[0].arrays
+    return [np.concatenate(parts) for parts in zip(*(p.arrays for p in batch), strict=True)]
 
 
 def _expire(pending: _Pending) -> None:
@@ -204,12 +250,16 @@ def _expire(pending: _Pending) -> None:
         pending.future.set_exception(DeadlineExceededError(f"request timed out after waiting {waited:.3f} s"))
 
 
-def _split(outputs: list[Array], sizes: list[int]) -> list[list[Array]]:
-    """Cut each output back into the callers' rows."""
-    total = sum(sizes)
+def _check_rows(outputs: list[Array], total: int) -> None:
     for output in outputs:
         if output.ndim == 0 or output.shape[0] != total:
             raise LayerserveError(f"an output has shape {list(output.shape)} for a batch of {total} rows")
-    bounds = np.cumsum(sizes)[:-1]
-    per_output = [np.split(output, bounds) for output in outputs]
-    return [list(parts) for parts in zip(*per_output, strict=True)]
+
+
+def _split(outputs: list[Array], sizes: list[int]) -> list[list[Array]]:
+    """Cut each output back into the callers' rows."""
+    _check_rows(outputs, sum(sizes))
+    if len(sizes) == 1:
+        return [outputs]
+    ends = list(itertools.accumulate(sizes))
+    return [[output[end - size : end] for output in outputs] for size, end in zip(sizes, ends, strict=True)]

@@ -16,6 +16,7 @@ from pathlib import Path
 from layerserve.engines.base import Engine, EngineKind, Verdict, onnx_cache_path, probe_batch
 from layerserve.engines.choice import choose_engine
 from layerserve.engines.keras import KerasEngine
+from layerserve.engines.onnx import OnnxEngine
 from layerserve.engines.onnx_subgraph import TensorPlace
 from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.lifecycle.model import Signature, find_model_file, read_signature
@@ -109,6 +110,10 @@ def load_version(
     plan = BatchingPlan.of(config, settings, model.signature)
     try:  # from here on the engine is ours to close if anything fails (it may be a process)
         plan = dataclasses.replace(plan, inline=_is_fast(choice.engine, model.signature, config, plan, settings))
+        if plan.inline and not settings.intra_op_threads and isinstance(choice.engine, OnnxEngine):
+            # On the event loop's thread, a model this fast loses more to waking ORT's other threads for each
+            # call than it gains from them, and they take the core that the HTTP stack and other models need.
+            choice = dataclasses.replace(choice, engine=choice.engine.with_threads(1))
         export = ServedExport(cache_file, model.located) if choice.engine.name is EngineKind.ONNX else None
         cuts = CutCache(
             model.graph, source, settings.model_copy(update={"engine": engine_choice}), exporter, preparer, export,

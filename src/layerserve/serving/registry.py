@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from layerserve.engines.process.pool import EngineProcessPool
@@ -20,7 +18,7 @@ from layerserve.settings import Settings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelEntry", "ModelRegistry", "ModelVersion", "VersionState"]
+__all__ = ["Lease", "ModelEntry", "ModelRegistry", "ModelVersion", "VersionState"]
 
 
 @dataclass
@@ -44,6 +42,23 @@ class ModelEntry:
         if self.pinned in ready:
             return self.pinned
         return ready[-1] if ready else None
+
+
+class Lease:
+    """A request's hold on its version, as an async context manager (see ModelRegistry.lease); a plain class, as
+    every request takes one."""
+
+    __slots__ = ("_version",)
+
+    def __init__(self, version: ModelVersion) -> None:
+        self._version = version
+
+    async def __aenter__(self) -> ModelVersion:
+        self._version.hold()
+        return self._version
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._version.release()
 
 
 class ModelRegistry:
@@ -120,22 +135,16 @@ class ModelRegistry:
             raise NotReadyError(f"model '{name}' version {model_version.version} is {model_version.state}{detail}")
         return model_version
 
-    @asynccontextmanager
-    async def lease(self, name: str, version: int | None = None) -> AsyncIterator[ModelVersion]:
-        """The requested version (the active one when `version` is None), READY and held for the whole block:
-        a version swapped out meanwhile (during a cache lookup, an image decode, a queue) is closed only after
-        every lease on it ends. Every transport takes its versions through a lease.
+    def lease(self, name: str, version: int | None = None) -> Lease:
+        """The requested version (the active one when `version` is None), READY and held for the whole
+        `async with` block: a version swapped out meanwhile (during a cache lookup, an image decode, a queue) is
+        closed only after every lease on it ends. Every transport takes its versions through a lease.
 
         Raises:
             NotFoundError: unknown model or version.
             NotReadyError: the version is loading or failed.
         """
-        model_version = self.get(name, version)
-        model_version.hold()
-        try:
-            yield model_version
-        finally:
-            model_version.release()
+        return Lease(self.get(name, version))
 
     def find(self, name: str, version: int | None = None) -> ModelVersion:
         """The requested version in any state (the active one, else the newest, when `version` is None).

@@ -130,7 +130,10 @@ class RequestChecks:
             array = inputs.get(name)
             if array is None or array.dtype.kind not in "iuf" or array.size == 0:
                 continue
-            if array.min() >= 0 and array.max() < size:
+            if array.dtype.kind in "iu":  # one reduction: seen unsigned, a negative value is past any size
+                if array.view(array.dtype.str.replace("i", "u")).max() < size:
+                    continue
+            elif array.min() >= 0 and array.max() < size:
                 continue
             position = tuple(int(i) for i in np.argwhere((array < 0) | (array >= size) | np.isnan(array))[0])
             raise BadRequestError(

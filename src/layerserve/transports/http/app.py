@@ -38,14 +38,14 @@ from layerserve.transports.http import (
     triton_routes,
     v2_routes,
 )
-from layerserve.transports.http.bodies import JSONResponse
+from layerserve.transports.http.bodies import JSONResponse, error_response
 from layerserve.transports.http.disconnect import CancelOnDisconnectMiddleware
+from layerserve.transports.http.infer_lane import InferLane
 from layerserve.transports.http.middleware import (
     AuthMiddleware,
     CompressMiddleware,
     InternalErrorMiddleware,
     ObserveMiddleware,
-    log_internal_error,
 )
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,7 @@ SETTINGS_VARIABLE = "LAYERSERVE_WORKER_SETTINGS"  # the settings of worker proce
 
 async def _layerserve_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, LayerserveError)
-    if error.status_code == 500:  # ours, but not the client's fault: a bug, answered like any other
-        return JSONResponse({"error": log_internal_error(request.scope, error)}, status_code=500)
-    headers = {"Retry-After": "1"} if error.status_code == 503 else None
-    return JSONResponse({"error": error.message}, status_code=error.status_code, headers=headers)
+    return error_response(request, error)
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
@@ -89,7 +86,7 @@ def _turn_unready_on_sigterm(draining: threading.Event) -> None:
 
 def _middleware(settings: Settings) -> list[Middleware]:
     """Outermost first: metrics and access log, cancelling requests whose client left, the boundary of unexpected
-    errors, tokens, compression."""
+    errors, tokens, compression, and the infer requests' lane past the router."""
     middleware = [
         Middleware(ObserveMiddleware, log_requests=settings.access_log),
         Middleware(CancelOnDisconnectMiddleware),
@@ -99,6 +96,7 @@ def _middleware(settings: Settings) -> list[Middleware]:
         middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
     if settings.compress_min_bytes:
         middleware.append(Middleware(CompressMiddleware, minimum_size=settings.compress_min_bytes, compresslevel=1))
+    middleware.append(Middleware(InferLane))
     return middleware
 
 
@@ -148,6 +146,7 @@ def create_app(runtime: Runtime) -> Starlette:
 
     app = Starlette(
         routes=[
+            *v2_routes.infer_routes,
             *triton_routes.routes,  # first: `/v2/models/stats` before `/v2/models/{model}`
             *v2_routes.routes,
             *repository_routes.routes,

@@ -10,12 +10,13 @@ from typing import Any
 import orjson
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from layerserve.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from layerserve.errors import BadRequestError, LayerserveError, PayloadTooLargeError, UnsupportedMediaTypeError
 from layerserve.features.images import IMAGE_MEDIA_TYPES
 from layerserve.protocols.v2 import load_json_object
+from layerserve.transports.http.middleware import log_internal_error
 
 _MAX_FORM_FILES = 256
 NPY_MEDIA_TYPE = "application/x-npy"
@@ -76,13 +77,19 @@ async def _read_raw(request: Request, limit: int) -> bytes:
             raise BadRequestError(f"Content-Length must be an integer, got {announced!r}")
         if int(announced) > limit:
             raise PayloadTooLargeError(f"body of {announced} bytes is over the limit of {limit} bytes")
+    # The ASGI messages themselves: Starlette's request.stream() is an async generator, a few microseconds a body.
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def npy_bytes(array: Any) -> bytes:
@@ -174,3 +181,12 @@ async def read_texts(request: Request, limit: int) -> list[str]:
     ):
         raise BadRequestError(f'expected a JSON body {{"texts": ["...", ...]}} with 1 to {_MAX_TEXTS} strings')
     return texts
+
+
+def error_response(request: Request, error: LayerserveError) -> Response:
+    """Our error as its answer: `{"error": message}` with its status (503 with Retry-After); one of the 500 class
+    is a bug, logged once under an id and answered with that id."""
+    if error.status_code == 500:  # ours, but not the client's fault: a bug, answered like any other
+        return JSONResponse({"error": log_internal_error(request.scope, error)}, status_code=500)
+    headers = {"Retry-After": "1"} if error.status_code == 503 else None
+    return JSONResponse({"error": error.message}, status_code=error.status_code, headers=headers)

@@ -11,9 +11,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 CLIENT_CLOSED = 499  # nginx's "client closed request": what the request metrics and access log record
 
 
+_WATCH_AFTER_S = 0.002  # answers sooner than this never start a watcher (a task per request costs ~10 us)
+
+
 class CancelOnDisconnectMiddleware:
-    """Once the route has read the whole body, watch the connection: on `http.disconnect` before the answer
-    began, cancel the route's task. The request is recorded with status 499 (nothing reaches the client)."""
+    """Once the route has read the whole body and has not answered within a few milliseconds (it waits in a queue,
+    say), watch the connection: on `http.disconnect` before the answer began, cancel the route's task. The request
+    is recorded with status 499 (nothing reaches the client)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -26,7 +30,8 @@ class CancelOnDisconnectMiddleware:
         handler = asyncio.current_task()
         assert handler is not None
         watcher: asyncio.Task[Message] | None = None
-        answering = cancelled = False
+        timer: asyncio.TimerHandle | None = None
+        answering = cancelled = body_read = False
 
         async def watch() -> Message:
             nonlocal cancelled
@@ -36,13 +41,21 @@ class CancelOnDisconnectMiddleware:
                 handler.cancel()
             return message
 
-        async def receive_and_watch() -> Message:
+        def start_watching() -> None:
             nonlocal watcher
-            if watcher is not None:  # the body was read: later receives see what the watcher saw
-                return await asyncio.shield(watcher)
+            if watcher is None and not answering:
+                watcher = asyncio.create_task(watch())
+
+        async def receive_and_watch() -> Message:
+            nonlocal timer, body_read
+            if body_read:  # later receives see what the watcher saw
+                start_watching()
+                if watcher is not None:
+                    return await asyncio.shield(watcher)
             message = await receive()
             if message["type"] == "http.request" and not message.get("more_body", False):
-                watcher = asyncio.create_task(watch())
+                body_read = True
+                timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, start_watching)
             return message
 
         async def send_and_see(message: Message) -> None:
@@ -60,6 +73,8 @@ class CancelOnDisconnectMiddleware:
             await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
             await send({"type": "http.response.body", "body": b""})
         finally:
+            if timer is not None:
+                timer.cancel()
             if watcher is not None and not watcher.done():
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

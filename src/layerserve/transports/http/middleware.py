@@ -12,7 +12,6 @@ import zlib
 from typing import Any
 
 import orjson
-from starlette.datastructures import Headers
 from starlette.middleware.gzip import GZipMiddleware, GZipResponder
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -73,6 +72,14 @@ class InternalErrorMiddleware:
             message = log_internal_error(scope, error)
             if not started:
                 await _refuse(send, 500, message)
+
+
+def _header(scope: Scope, wanted: bytes) -> bytes:
+    """The first value of a header (ASGI names are lower-case), or b"" (cheaper than building Headers)."""
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return bytes(value)
+    return b""
 
 
 def _bearer(scope: Scope) -> bytes | None:
@@ -196,8 +203,11 @@ class CompressMiddleware(GZipMiddleware):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pick the encoding the client accepts, then answer."""
-        accepted = Headers(scope=scope).get("accept-encoding", "") if scope["type"] == "http" else ""
-        if "gzip" in accepted or "deflate" not in accepted:
+        accepted = _header(scope, b"accept-encoding").decode("latin-1") if scope["type"] == "http" else ""
+        if "gzip" not in accepted and "deflate" not in accepted:  # nothing to do: no responder wraps the answer
+            await self.app(scope, receive, send)
+            return
+        if "gzip" in accepted:
             await super().__call__(scope, receive, send)
             return
         responder = _DeflateResponder(

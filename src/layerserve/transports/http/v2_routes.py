@@ -74,11 +74,13 @@ async def infer(request: Request) -> Response:
 _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
 
+# Matched first: Starlette tries the routes in order, and inference is the path every request of a model takes.
+infer_routes = [Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in (_MODEL, _VERSION)]
+
 routes = [
     Route("/v2", server_metadata, methods=["GET"]),
     Route("/v2/health/live", live, methods=["GET"]),
     Route("/v2/health/ready", ready, methods=["GET"]),
     *(Route(prefix, model_metadata, methods=["GET"]) for prefix in (_MODEL, _VERSION)),
     *(Route(f"{prefix}/ready", model_ready, methods=["GET"]) for prefix in (_MODEL, _VERSION)),
-    *(Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
 ]
