@@ -1,0 +1,107 @@
+"""Benchmark results as JSON, stamped with when, on what code and on which machine they were measured.
+
+Every benchmark script takes `--json PATH` and writes its result with `write_result`; `figures.py` runs them all
+and renders the tables the docs include from these files (never from figures typed by hand).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU model, memory, Python and the system of this machine."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor()
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        memory_gib = 0.0
+    return {
+        "cores": os.cpu_count() or 0,
+        "cpu": model,
+        "memory_gib": round(memory_gib, 1),
+        "python": platform.python_version(),
+        "system": f"{platform.system()} {platform.release()}",
+    }
+
+
+def commit() -> str:
+    """The checkout's commit (short), with `-dirty` when files differ from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{head}-dirty" if git("status", "--porcelain", "--untracked-files=no") else head
+
+
+def stamp() -> dict[str, Any]:
+    """When, on which commit, on which machine and by which command this run was made."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
+        "machine": machine(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Write one benchmark's result with its stamp (atomically: a run cut short leaves the last good file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps({"stamp": stamp(), **result}, indent=1, default=_plain) + "\n")
+    temporary.replace(path)
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """A result written by `write_result`."""
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def stamp_line(stamp: dict[str, Any]) -> str:
+    """The stamp as one line of Markdown, put above every generated table."""
+    where = stamp["machine"]
+    return (
+        f"*Measured {stamp['date']} on commit `{stamp['commit']}`, {where['cores']} cores ({where['cpu'] or 'CPU'}), "
+        f"{where['memory_gib']} GiB, Python {where['python']}: `{stamp['command']}`.*"
+    )
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table; floats with up to 2 decimals, thousands separated."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}"
+        return str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
