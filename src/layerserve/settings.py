@@ -58,8 +58,14 @@ class Settings(BaseModel):
     engine_process_min_mb: float = Field(
         8.0,
         ge=0,
-        description="ONNX graphs of at least this many MB run in a process of their own, so that loading, "
+        description="ONNX graphs of at least this many MB run in an engine process, so that loading, "
         "reloading or unloading one never stalls the other models (0: every graph).",
+    )
+    engine_processes: int = Field(
+        2,
+        ge=0,
+        description="Engine processes at most, each holding the sessions of several big models (0: one per "
+        "session, so that a crashed process fails one version only).",
     )
     max_cuts_per_version: int = Field(
         32, ge=1, description="Cut sub-graphs (layer outputs, cut inputs) kept built per version (LRU)."

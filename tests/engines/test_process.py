@@ -8,6 +8,7 @@ import os
 import re
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,7 @@ from layerserve.engines.onnx import OnnxEngine, export_and_verify
 from layerserve.engines.process.channel import Channel
 from layerserve.engines.process.engine import ProcessOnnxEngine
 from layerserve.engines.process.pool import EngineProcessPool
-from layerserve.errors import ModelLoadError
+from layerserve.errors import EngineProcessError, ModelLoadError
 from layerserve.lifecycle.model import file_digest, read_signature
 from layerserve.settings import Settings
 from tests.live_server import start_server
@@ -121,6 +122,66 @@ def test_a_closed_engines_process_is_kept_for_the_next_one(
     assert len(running) == 2  # two are kept; the third stopped
     pool.stop_idle()
     assert not any(is_running(other) for other in running)
+
+
+def test_sessions_share_a_process_up_to_the_pools_size_and_compute_side_by_side(
+    multi_graph: tuple[object, Path],
+) -> None:
+    model, graph = multi_graph
+    inputs = read_signature(model).inputs
+    pool = EngineProcessPool(0, max_processes=2)
+    engines = [ProcessOnnxEngine(pool, graph, inputs, 1, 1) for _ in range(3)]
+    try:
+        pids = [engine.pid for engine in engines]
+        assert len(set(pids)) == 2 and pool.process_count == 2  # the third session joins the emptier process
+        assert all(engine.session_bytes > 0 for engine in engines)  # what opening it added to its process
+        rng = np.random.default_rng(1)
+        batches = [
+            [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
+            for rows in (5, 40_000, 9)
+        ]
+        expected = [[np.asarray(value) for value in model(batch)] for batch in batches]  # type: ignore[operator]
+
+        def served(engine: ProcessOnnxEngine) -> None:
+            for _ in range(5):
+                for batch, outputs in zip(batches, expected, strict=True):
+                    for got, want in zip(engine.run(batch), outputs, strict=True):
+                        np.testing.assert_allclose(got, want, atol=1e-5)
+
+        with ThreadPoolExecutor(3) as threads:  # the sessions of one process answer at the same time
+            list(threads.map(served, engines))
+        shared = next(pid for pid in pids if pids.count(pid) == 2)
+        first = pids.index(shared)
+        engines[first].close()  # its neighbour in the process serves on
+        neighbour = engines[pids.index(shared, first + 1)]
+        served(neighbour)
+        neighbour.close()
+        assert is_running(shared) and pool.idle_count == 1  # without sessions: kept for the next one
+    finally:
+        for engine in engines:
+            engine.close()
+        pool.stop_idle()
+    assert pool.process_count == 0 and not any(is_running(pid) for pid in pids if pid is not None)
+
+
+def test_a_killed_shared_process_fails_every_session_in_it(multi_graph: tuple[object, Path]) -> None:
+    _, graph = multi_graph
+    inputs = read_signature(build_multi()).inputs
+    pool = EngineProcessPool(0, max_processes=1)
+    first, second = ProcessOnnxEngine(pool, graph, inputs, 1, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 1)
+    assert first.pid is not None and first.pid == second.pid
+    os.kill(first.pid, signal.SIGKILL)
+    for engine in (first, second):
+        with pytest.raises(EngineProcessError, match="killed by SIGKILL"):
+            engine.run(probe_batch(inputs, 2))
+        engine.close()
+    assert pool.process_count == 0
+    replacement = ProcessOnnxEngine(pool, graph, inputs, 1, 1)  # a new process for the next session
+    try:
+        assert replacement.run(probe_batch(inputs, 2))[1].shape == (2, 5)
+    finally:
+        replacement.close()
+        pool.stop_idle()
 
 
 def test_an_unreadable_graph_is_a_load_error(

@@ -229,7 +229,7 @@ def in_process_ceiling(
     number, path = max(specs[0].versions.items())
     version = ModelVersion(model, number, path, specs[0].config)
     settings = Settings(model_repository=repository)
-    processes = EngineProcessPool(int(settings.engine_process_min_mb * 1_000_000))
+    processes = EngineProcessPool.from_settings(settings)
     exporter, preparer = ThreadPoolExecutor(1), Preparer()
     version.load(settings, exporter, preparer, processes)
     if version.engine is None:

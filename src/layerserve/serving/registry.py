@@ -73,7 +73,7 @@ class ModelRegistry:
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader")
         self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter")
         self.preparer = Preparer()
-        self.engine_processes = EngineProcessPool(int(settings.engine_process_min_mb * 1_000_000))
+        self.engine_processes = EngineProcessPool.from_settings(settings)
         self._settled = asyncio.Event()
 
     def mark_settled(self) -> None:

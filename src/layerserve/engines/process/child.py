@@ -1,4 +1,5 @@
-"""The engine process: opens one session at a time, runs batches on it, frees it, hashes model files."""
+"""The engine process: sessions of several versions, each served by a thread of its own over a connection of its
+own; model files hashed at the lowest priority."""
 
 from __future__ import annotations
 
@@ -7,43 +8,39 @@ import ctypes
 import os
 import resource
 import signal
+import threading
 from collections.abc import Iterator
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from layerserve.engines.base import probe_batch
-from layerserve.engines.onnx import OnnxEngine
+from layerserve.engines.onnx import OnnxEngine, share_arena
 from layerserve.engines.process.channel import Channel
 from layerserve.lifecycle.model import file_digest
 from layerserve.tensors import Array, TensorSpec
 
 
 def serve(connection: Connection) -> None:
-    """The engine process: open a session, answer batches, free it, and so on, until told to stop or the
-    server is gone."""
+    """The engine process's control connection: open a session (on the connection that comes with the message,
+    served by a thread of its own), hash a file, stop; until told to stop or the server is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches the server, which stops us
     channel = Channel(connection)
-    engine: OnnxEngine | None = None
+    share_arena()
     while True:
         try:
             tag, body = channel.receive(copy=False)
         except EOFError:  # the server is gone
             return
-        if tag == "arrays" and engine is not None:
-            _run(channel, engine, body)
-        elif tag == "open":
-            engine = _open(channel, *body)
+        if tag == "open":
+            own = Connection(reduction.recv_handle(connection))
+            threading.Thread(target=_session, args=(Channel(own), *body), name="session", daemon=True).start()
         elif tag == "digest":
             try:
                 with _low_priority():
                     channel.send("digest", file_digest(Path(body)))
             except OSError as error:
                 channel.send("error", str(error))
-        elif tag == "release":
-            with _low_priority():
-                engine = None  # ORT's destructor: joins the session's threads, returns its memory
-                _trim_heap()
-            channel.send("released")
         elif tag == "stop":
             usage = resource.getrusage(resource.RUSAGE_SELF)
             channel.send("stopped", usage.ru_utime + usage.ru_stime)
@@ -52,7 +49,28 @@ def serve(connection: Connection) -> None:
             return
         else:
             channel.send("error", f"unexpected {tag!r} message")
+
+
+def _session(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> None:
+    """One version's session: open and warm it up, answer its batches, free it when released (or when the server
+    closes its connection)."""
+    engine = _open(channel, path, inputs, threads, rows)
+    while engine is not None:
+        try:
+            tag, body = channel.receive(copy=False)
+        except EOFError:
+            break
+        if tag == "arrays":
+            _run(channel, engine, body)
+        elif tag == "release":
+            with _low_priority():
+                engine = None  # ORT's destructor: joins the session's threads, returns its memory
+                _trim_heap()
+            channel.send("released")
+        else:
+            channel.send("error", f"unexpected {tag!r} message")
         del body
+    channel.connection.close()
 
 
 def _run(channel: Channel, engine: OnnxEngine, inputs: list[Array]) -> None:
@@ -66,17 +84,27 @@ def _run(channel: Channel, engine: OnnxEngine, inputs: list[Array]) -> None:
 
 
 def _open(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> OnnxEngine | None:
-    """Open and warm up a session (at the lowest priority where it can be restored after); answer ready or
-    the error."""
+    """Open and warm up a session (at the lowest priority where it can be restored after); answer ready with the
+    resident memory it added to the process, or the error."""
+    before = _resident_bytes()
     try:
         with _low_priority():
-            engine = OnnxEngine(Path(path), inputs, threads)
+            engine = OnnxEngine(Path(path), inputs, threads, shared_arena=True)
             engine.run(probe_batch(inputs, rows))
+            _trim_heap()  # what parsing the graph took, freed in this thread's malloc arena
     except Exception as error:  # ORT raises many kinds; the version shows the message as its FAILED reason.
         channel.send("error", _describe(error))
         return None
-    channel.send("ready")
+    channel.send("ready", max(0, _resident_bytes() - before))
     return engine
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _trim_heap() -> None:

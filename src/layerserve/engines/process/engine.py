@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
 from layerserve.engines.base import EngineKind
+from layerserve.engines.process.channel import Channel
 from layerserve.engines.process.pool import EngineHost, EngineProcessPool
 from layerserve.errors import EngineProcessError, ModelLoadError
 from layerserve.tensors import Array, TensorSpec
 
+_RELEASE_TIMEOUT_S = 10.0
+
 
 class ProcessOnnxEngine:
-    """An ONNX Runtime session in a process of its own; `run` sends the batch there and waits."""
+    """An ONNX Runtime session in an engine process (shared with other sessions, each on a connection of its
+    own); `run` sends the batch there and waits."""
 
     name = EngineKind.ONNX
     in_process = False
@@ -20,7 +25,7 @@ class ProcessOnnxEngine:
     def __init__(
         self, pool: EngineProcessPool, path: Path, inputs: tuple[TensorSpec, ...], threads: int, warmup_rows: int
     ) -> None:
-        """Open the session in a kept idle process, else in a new one, and run a `warmup_rows` probe batch.
+        """Open the session in an engine process of the pool and run a `warmup_rows` probe batch.
 
         Raises:
             ModelLoadError: ONNX Runtime could not open the graph, or no process could start.
@@ -28,15 +33,25 @@ class ProcessOnnxEngine:
         self._pool = pool
         self._graph = path.name
         self._lock = threading.Lock()
-        self._host: EngineHost | None = pool.take()
+        host = pool.take()
         try:
-            self._host.channel.send("open", (str(path), inputs, threads, warmup_rows))
-            tag, body = self._host.channel.receive(copy=True)
+            channel = host.open_session(path, inputs, threads, warmup_rows)
         except (EOFError, OSError):
-            raise ModelLoadError(self._host.gone(self._graph)) from None
+            pool.session_closed(host)
+            raise ModelLoadError(host.gone(self._graph)) from None
+        try:
+            tag, body = channel.receive(copy=True)
+        except (EOFError, OSError):
+            channel.connection.close()
+            pool.session_closed(host)
+            raise ModelLoadError(host.gone(self._graph)) from None
         if tag != "ready":
-            pool.give_back(self._host)
+            channel.connection.close()
+            pool.session_closed(host)
             raise ModelLoadError(f"ONNX Runtime could not open {path.name}: {body}")
+        self._host: EngineHost | None = host
+        self._channel: Channel = channel
+        self.session_bytes = int(body)
 
     @property
     def pid(self) -> int | None:
@@ -55,8 +70,8 @@ class ProcessOnnxEngine:
             if host is None:
                 raise EngineProcessError(f"the engine of {self._graph} is closed")
             try:
-                host.channel.send_arrays(inputs)
-                tag, body = host.channel.receive(copy=True)
+                self._channel.send_arrays(inputs)
+                tag, body = self._channel.receive(copy=True)
             except (EOFError, OSError):
                 raise EngineProcessError(host.gone(self._graph)) from None
         if tag == "error":
@@ -65,9 +80,15 @@ class ProcessOnnxEngine:
         return results
 
     def close(self) -> None:
-        """Free the session in its process (after the batch it runs), and keep the process for the next one
-        or stop it; a stopped process returns all its memory."""
+        """Free the session in its process (after the batch it runs); a process left without sessions is kept
+        for the next one or stopped, and a stopped process returns all its memory."""
         with self._lock:
             host, self._host = self._host, None
-        if host is not None:
-            self._pool.give_back(host)
+            if host is None:
+                return
+            with contextlib.suppress(EOFError, OSError):
+                self._channel.send("release")
+                if self._channel.connection.poll(_RELEASE_TIMEOUT_S):
+                    self._channel.receive(copy=True)
+            self._channel.connection.close()
+        self._pool.session_closed(host)

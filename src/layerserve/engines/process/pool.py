@@ -1,13 +1,17 @@
-"""EngineProcessPool: the engine processes of one server: started, kept idle for the next version, stopped.
+"""EngineProcessPool: the engine processes of one server: started, shared by the sessions of several versions,
+kept idle for the next ones, stopped.
 
 Opening, warming up and freeing a session costs the process that does it. ORT's destructor runs under
 the GIL and takes 2-6 ms for EfficientNet-lite0 (it frees the arena and thousands of small blocks, and
 joins the session's threads), and the warm-up keeps both cores busy. In the server process, each reload
 of a big model stalled the event loop that answers every other model. Here a session is opened, warmed
-up and freed in its own process; the server hands each batch over through shared memory and waits with
+up and freed in an engine process; the server hands each batch over through shared memory and waits with
 the GIL released. The processes are forked from multiprocessing's fork server, which has imported ONNX
-Runtime once, and a process whose session was closed is kept for the next one (up to `kept_idle`): a
-reload then opens a session in a process that already runs, rather than forking one and tearing another
+Runtime once. A process holds the sessions of up to all the big models (each served by a thread of its own over
+a connection of its own, so that they compute side by side): what ONNX Runtime and Python cost a process (~70 MB)
+is paid once per process, not once per model; `max_processes` processes at most (0: one per session), each new
+session in the process with the fewest. A process without sessions is kept for the next one (up to `kept_idle`):
+a reload then opens a session in a process that already runs, rather than forking one and tearing another
 down. Where the process may raise its priority back (CAP_SYS_NICE, or a RLIMIT_NICE that allows it), it
 opens, warms up and frees sessions, and hashes big model files, at the lowest priority, and serves at the
 normal one, so that a reload takes only idle CPU from the models that serve meanwhile.
@@ -21,11 +25,14 @@ import multiprocessing
 import os
 import signal
 import threading
+from multiprocessing import reduction
 from pathlib import Path
 
 from layerserve.engines.process.channel import Channel
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import file_digest
+from layerserve.settings import Settings
+from layerserve.tensors import TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +40,13 @@ _STOP_TIMEOUT_S = 10.0
 
 
 class EngineHost:
-    """A process that opens one session at a time and runs batches on it."""
+    """A process that holds sessions (see the module): its control channel opens them and hashes files."""
 
     def __init__(self, pool: EngineProcessPool) -> None:
         self._pool = pool
+        self.sessions = 0  # counted by the pool
+        self._lock = threading.Lock()  # one exchange at a time on the control channel
+        self._stopped = False
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["onnxruntime", "layerserve.engines.process.child"])
         connection, theirs = context.Pipe()
@@ -49,27 +59,49 @@ class EngineHost:
         finally:
             theirs.close()
 
-    def release(self) -> bool:
-        """Free its session; False if the process did not answer (it is stopped then)."""
+    def open_session(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> Channel:
+        """A session's own channel, once the process has opened it (its first message answers: ready or error).
+
+        Raises:
+            EOFError, OSError: the process is gone.
+        """
+        ours, theirs = multiprocessing.Pipe()
         try:
-            self.channel.send("release")
-            if self.channel.connection.poll(_STOP_TIMEOUT_S):
-                return self.channel.receive(copy=True)[0] == "released"
-        except (EOFError, OSError):
-            pass
-        self.stop()
-        return False
+            with self._lock:
+                self.channel.send("open", (str(path), inputs, threads, rows))
+                reduction.send_handle(self.channel.connection, theirs.fileno(), self.process.pid)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return Channel(ours)
+
+    def digest(self, path: Path) -> tuple[str, str]:
+        """(tag, body) of hashing the file in the process: ("digest", hex) or ("error", message).
+
+        Raises:
+            EOFError, OSError: the process is gone.
+        """
+        with self._lock:
+            self.channel.send("digest", str(path))
+            tag, body = self.channel.receive(copy=True)
+        return str(tag), str(body)
 
     def stop(self) -> None:
-        """End the process (its memory goes back to the system with it)."""
-        cpu_seconds = 0.0
-        with contextlib.suppress(EOFError, OSError):
-            self.channel.send("stop")
-            if self.channel.connection.poll(_STOP_TIMEOUT_S):
-                tag, body = self.channel.receive(copy=True)
-                if tag == "stopped":
-                    cpu_seconds = float(body)
-        self.channel.connection.close()
+        """End the process (its memory goes back to the system with it); once."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            cpu_seconds = 0.0
+            with contextlib.suppress(EOFError, OSError):
+                self.channel.send("stop")
+                if self.channel.connection.poll(_STOP_TIMEOUT_S):
+                    tag, body = self.channel.receive(copy=True)
+                    if tag == "stopped":
+                        cpu_seconds = float(body)
+            self.channel.connection.close()
         self.process.join(_STOP_TIMEOUT_S)
         if self.process.is_alive():
             log.warning("engine process %d did not stop; killing it", self.process.pid)
@@ -90,35 +122,56 @@ class EngineHost:
         self.stop()
         return f"the engine process of {graph} {how}; load the model again to start a new one"
 
+    def resident_bytes(self) -> int:
+        """The process's resident memory (0 once it is gone)."""
+        return _process_usage(self.process.pid)[1]
+
 
 class EngineProcessPool:
-    """The engine processes of one server: graphs of at least `min_bytes` get a session in one of them; up to
-    `kept_idle` processes without a session (~11 MB of private memory each) are kept for the next versions."""
+    """The engine processes of one server: graphs of at least `min_bytes` get a session in one of them, at most
+    `max_processes` processes (0: one per session); up to `kept_idle` processes without a session (~11 MB of
+    private memory each) are kept for the next versions."""
 
-    def __init__(self, min_bytes: int, kept_idle: int = 2) -> None:
+    def __init__(self, min_bytes: int, kept_idle: int = 2, max_processes: int = 0) -> None:
         self.min_bytes = min_bytes
         self.kept_idle = kept_idle
+        self.max_processes = max_processes
         self._lock = threading.Lock()
         self._idle: list[EngineHost] = []
         self._live: set[EngineHost] = set()
         self._stopped_cpu_seconds = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineProcessPool:
+        """The pool that `engine_process_min_mb` and `engine_processes` describe."""
+        return cls(int(settings.engine_process_min_mb * 1_000_000), max_processes=settings.engine_processes)
 
     def takes(self, path: Path) -> bool:
         """Whether a file this large gets an engine process."""
         return path.is_file() and path.stat().st_size >= self.min_bytes
 
     def take(self) -> EngineHost:
-        """A kept idle process, else a new one.
+        """The process for a new session (counted in it until `session_closed`): a kept idle one, else a new one
+        while there are fewer than `max_processes`, else the one with the fewest sessions.
 
         Raises:
             ModelLoadError: the process could not start.
         """
+        host = self._host(sharing=True)
+        with self._lock:
+            host.sessions += 1
+        return host
+
+    def _host(self, sharing: bool) -> EngineHost:
         with self._lock:
             while self._idle:
                 host = self._idle.pop()
                 if host.process.is_alive():
                     return host
                 self._live.discard(host)
+            running = [h for h in self._live if h.process.is_alive()]
+            if running and (not sharing or (self.max_processes and len(running) >= self.max_processes)):
+                return min(running, key=lambda h: h.sessions)
         try:
             host = EngineHost(self)
         except OSError as error:
@@ -127,15 +180,18 @@ class EngineProcessPool:
             self._live.add(host)
         return host
 
-    def give_back(self, host: EngineHost) -> None:
-        """Free the host's session; keep it idle for the next engine, or stop it if enough are kept."""
-        if host.release():
-            self.keep_or_stop(host)
+    def session_closed(self, host: EngineHost) -> None:
+        """A session of the host was freed (or never opened); a host left without any is kept idle or stopped."""
+        with self._lock:
+            host.sessions -= 1
+        self.keep_or_stop(host)
 
     def keep_or_stop(self, host: EngineHost) -> None:
         """Keep a host without a session idle for the next engine, or stop it if enough are kept."""
         with self._lock:
-            if len(self._idle) < self.kept_idle:
+            if host.sessions > 0 or host in self._idle:
+                return
+            if len(self._idle) < self.kept_idle and host.process.is_alive():
                 self._idle.append(host)
                 return
         host.stop()
@@ -144,6 +200,8 @@ class EngineProcessPool:
         """A host stopped: its CPU time stays counted."""
         with self._lock:
             self._live.discard(host)
+            if host in self._idle:
+                self._idle.remove(host)
             self._stopped_cpu_seconds += cpu_seconds
 
     def digest(self, path: Path) -> str:
@@ -156,17 +214,15 @@ class EngineProcessPool:
         """
         if not self.takes(path):
             return file_digest(path)
-        host = self.take()
+        host = self._host(sharing=False)
         try:
-            host.channel.send("digest", str(path))
-            tag, body = host.channel.receive(copy=True)
+            tag, body = host.digest(path)
         except (EOFError, OSError):
             raise ModelLoadError(host.gone(path.name)) from None
         self.keep_or_stop(host)
         if tag != "digest":
             raise ModelLoadError(f"could not read {path}: {body}")
-        digest: str = body
-        return digest
+        return body
 
     def stop_idle(self) -> None:
         """Stop the kept idle processes (at shutdown, and in tests)."""
@@ -187,10 +243,25 @@ class EngineProcessPool:
         with self._lock:
             cpu_seconds, hosts = self._stopped_cpu_seconds, list(self._live)
         resident = 0
-        ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
         for host in hosts:
-            with contextlib.suppress(OSError, ValueError, IndexError, TypeError):
-                fields = Path(f"/proc/{host.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cpu_seconds += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-                resident += int(Path(f"/proc/{host.process.pid}/statm").read_text().split()[1]) * page
+            cpu, rss = _process_usage(host.process.pid)
+            cpu_seconds += cpu
+            resident += rss
         return cpu_seconds, resident
+
+    @property
+    def process_count(self) -> int:
+        """Engine processes running now (with sessions or kept idle)."""
+        with self._lock:
+            return len(self._live)
+
+
+def _process_usage(pid: int | None) -> tuple[float, int]:
+    """CPU seconds and resident bytes of a process (0, 0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+        resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        return (int(fields[11]) + int(fields[12])) / ticks, resident  # utime, stime
+    except (OSError, ValueError, IndexError, TypeError):
+        return 0.0, 0
