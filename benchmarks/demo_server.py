@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import sys
@@ -38,6 +39,16 @@ def demo_server(port: int, repository: Path | None = None, *flags: str) -> Itera
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def server_pid(port: int) -> int:
+    """The `layerserve serve` process listening on `port`."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            words = cmdline.read_bytes().split(b"\0")
+            if b"serve" in words and str(port).encode() in words:
+                return int(cmdline.parent.name)
+    raise RuntimeError(f"no server on port {port}")
 
 
 def sample_jpeg(target: Path) -> Path:

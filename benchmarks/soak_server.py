@@ -11,7 +11,7 @@ from pathlib import Path
 
 # The processes that serve, whose memory must stay flat. The preparer (loading and exporting model files)
 # and training jobs hold what their current task needs, and stop when they have none: reported, not limited.
-SERVING_ROLES = ("supervisor", "worker", "fork server", "engine process", "resource tracker")
+SERVING_ROLES = ("supervisor", "server", "worker", "fork server", "engine process", "resource tracker")
 
 
 @dataclass
@@ -93,23 +93,24 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def role_of(pid: int, supervisor: int) -> str:
-    """What a server process is: supervisor, worker, fork server, engine, preparer, training job, ..."""
+def role_of(pid: int, supervisor: int, workers: bool = True) -> str:
+    """What a server process is: supervisor, worker, fork server, engine, preparer, training job, ...; without
+    `workers` the top process is the one server and its spawned child the preparer."""
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return "gone"
     if pid == supervisor:
-        return "supervisor"
+        return "supervisor" if workers else "server"
     if "layerserve.training.train_job" in command:
         return "training job"
     if "resource_tracker" in command:
         return "resource tracker"
     if "forkserver" in command:
-        return "engine process" if role_of(parent, supervisor) == "fork server" else "fork server"
+        return "engine process" if role_of(parent, supervisor, workers) == "fork server" else "fork server"
     if "spawn_main" in command:
-        return "worker" if parent == supervisor else "preparer"
+        return "worker" if parent == supervisor and workers else "preparer"
     return command[:60]
 
 
