@@ -7,13 +7,16 @@ repository of N EfficientNet-Lite0 copies (19 MB of weights each) and the token 
 model is ready and has answered one photo, the resident memory of the server's serving processes is summed (RSS,
 which counts shared pages in every process, and PSS, which shares them out), with the process count. The
 preparer's child, which holds Keras while versions load and stops after 60 s without work, is reported apart.
-The cost of an added big model is the slope between the smallest and the largest N.
+The cost of an added big model is the slope between the smallest and the largest N. Then, with one big model, the
+memory of each process once ready, after requests for three new layer sets, and after a training job whose model
+is then served.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -27,9 +30,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from demo_server import demo_server, sample_jpeg, server_pid
 from layerserve.demo import build_demo_repository
 from results import table, write_result
+from soak import chinese_reviews
 from soak_server import SERVING_ROLES, descendants, role_of
 
 _BIG = "efficientnet_lite0"
+_TEXT_MODEL = "reviews"
+_LAYERS = ("block7_add", "avg_pool", "block7_expand")  # two cut out of the export, one the export folded
 
 
 def build_repository(base: Path, target: Path, copies: int) -> None:
@@ -88,6 +94,58 @@ def measure(base: Path, copies: int, engine_processes: int, port: int, photo: by
     }
 
 
+def _sample(port: int) -> dict[str, float]:
+    """PSS in MB of each role of the server's processes, and the server's own RSS."""
+    server = server_pid(port)
+    by_role: dict[str, float] = {"server RSS": _memory_kb(server)[0] / 1024}
+    for pid in [server, *descendants(server)]:
+        role = role_of(pid, server, workers=False)
+        by_role[role] = by_role.get(role, 0.0) + _memory_kb(pid)[1] / 1024
+    return by_role
+
+
+def _post(url: str, body: bytes, content_type: str = "application/json", timeout_s: float = 120) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": content_type})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+def activity(base: Path, port: int, photo: bytes) -> list[dict[str, Any]]:
+    """One big model served: the memory once ready, after three new layer sets, and after a training job."""
+    work = Path(tempfile.mkdtemp(prefix="layerserve-memory-"))
+    samples = []
+    try:
+        build_repository(base, work / "repo", 1)
+        with demo_server(port, work / "repo", "--reload-interval-s", "1") as (url, _):
+            model = f"{url}/v2/models/{_BIG}_1"
+            _post(f"{model}/classify?top_k=1&cache=false", photo, "image/jpeg")
+            time.sleep(2.0)
+            samples.append({"after": "ready, one photo classified", **_sample(port)})
+            for layer in _LAYERS:
+                _post(f"{model}/features?layer={layer}&pool=avg&cache=false", photo, "image/jpeg")
+            time.sleep(2.0)
+            samples.append({"after": f"layer sets {', '.join(_LAYERS)}", **_sample(port)})
+            body = {"dataset": chinese_reviews(300), "params": {"split": "character", "epochs": 2}}
+            job = _post(f"{url}/v2/models/{_TEXT_MODEL}/train", json.dumps(body).encode())["job_id"]
+            while True:
+                time.sleep(1.0)
+                with urllib.request.urlopen(f"{url}/v2/jobs/{job}", timeout=30) as response:
+                    state = json.loads(response.read())["state"]
+                if state in {"succeeded", "failed", "cancelled"}:
+                    break
+            for _ in range(120):
+                with contextlib.suppress(OSError):
+                    _post(f"{url}/v2/models/{_TEXT_MODEL}/classify", json.dumps({"texts": ["很好"]}).encode())
+                    break
+                time.sleep(0.5)
+            time.sleep(2.0)
+            samples.append({"after": f"a training job ({state}), its model served", **_sample(port)})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return samples
+
+
 def render(result: dict[str, Any]) -> str:
     """The memory curve per pool size, and each added big model's cost against its weights."""
     rows, slopes = [], []
@@ -109,6 +167,11 @@ def render(result: dict[str, Any]) -> str:
         header = ["engine processes", "RSS, MB per added big model", "PSS, MB per added big model", "PSS / weights"]
         text += "\n\n" + table(header, slopes)
     text += f"\n\nWeights: {result['weights_mb']:.1f} MB (the `.keras` file)."
+    if result.get("activity"):
+        roles = ["server RSS", "server", "engine process", "fork server", "preparer", "training job"]
+        rows = [[sample["after"], *(sample.get(role, 0.0) for role in roles)] for sample in result["activity"]]
+        header = ["one big model, after", "server RSS, MB", *(f"{role} PSS, MB" for role in roles[1:])]
+        text += "\n\n" + table(header, rows)
     return text
 
 
@@ -132,9 +195,11 @@ def main() -> None:
             for count in copies:
                 runs.append(measure(work, count, pool, args.port, photo))
                 print(runs[-1], flush=True)
+        samples = activity(work, args.port, photo)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"copies": copies, "engine_processes": pools, "weights_mb": weights_mb, "runs": runs}
+    result["activity"] = samples
     print(render(result))
     if args.json:
         write_result(args.json, result)
