@@ -88,6 +88,7 @@ class DataPlane:
             version_policy=served.config.version_policy,
             input=served.config.input,
             cache=served.config.cache,
+            memory=served.memory() if served.is_ready else {},
         )
 
     def model_ready(self, model: str, version: int | None = None) -> bool:

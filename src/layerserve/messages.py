@@ -139,6 +139,7 @@ class ModelMetadata:
     version_policy: VersionPolicy
     input: str = "tensor"  # what /classify and /features take: "image", "text", or "tensor" (neither)
     cache: bool = False  # whether answers are served from the feature cache
+    memory: dict[str, int] = field(default_factory=dict)  # resident bytes by part (ModelVersion.memory)
 
 
 @dataclass(frozen=True)

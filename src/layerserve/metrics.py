@@ -60,6 +60,11 @@ MODEL_STATE = Gauge(
     "layerserve_model_state", "1 for a version's state (LOADING, READY, FAILED), per process.",
     ("model", "version", "state"), multiprocess_mode="liveall",
 )  # fmt: skip
+VERSION_MEMORY_BYTES = Gauge(
+    "layerserve_version_memory_bytes",
+    "A ready version's resident memory by part (server, session, process_share, cuts, total; see the metadata).",
+    ("model", "version", "part"), multiprocess_mode="liveall",
+)  # fmt: skip
 PROCESS_CPU_SECONDS = Gauge(
     "layerserve_process_cpu_seconds",
     "CPU seconds used by the server process and its engine processes.",
@@ -86,12 +91,24 @@ def set_model_state(name: str, version: int, state: str | None) -> None:
     if state is None:
         with contextlib.suppress(KeyError):
             QUEUED.remove(name, str(version))
+        for part in _MEMORY_PARTS:
+            with contextlib.suppress(KeyError):
+                VERSION_MEMORY_BYTES.remove(name, str(version), part)
     for known in ("LOADING", "READY", "FAILED"):
         if state is None:
             with contextlib.suppress(KeyError):
                 MODEL_STATE.remove(name, str(version), known)
         else:
             MODEL_STATE.labels(name, str(version), known).set(1.0 if known == state else 0.0)
+
+
+_MEMORY_PARTS = ("server", "session", "process_share", "cuts", "total")
+
+
+def set_version_memory(name: str, version: int, memory: dict[str, int]) -> None:
+    """Record a version's resident memory by part (`ModelVersion.memory`) for /metrics."""
+    for part in _MEMORY_PARTS:
+        VERSION_MEMORY_BYTES.labels(name, str(version), part).set(memory.get(f"{part}_bytes", 0))
 
 
 def sample_process(engine_usage: tuple[float, int] = (0.0, 0), with_gpu: bool = True) -> None:

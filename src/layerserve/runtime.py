@@ -19,7 +19,7 @@ from layerserve.features.images import ImageDecoder
 from layerserve.lifecycle.peers import Peers
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.lifecycle.worker_board import WorkerBoard
-from layerserve.metrics import QUEUED, sample_process
+from layerserve.metrics import QUEUED, sample_process, set_version_memory
 from layerserve.serving.registry import ModelRegistry
 from layerserve.settings import Settings
 from layerserve.training.job_store import Job, open_job_store
@@ -112,6 +112,7 @@ class Runtime:
             for version in list(entry.versions.values()):
                 if version.is_ready:
                     QUEUED.labels(version.name, str(version.version)).set(version.queued)
+                    set_version_memory(version.name, version.version, version.memory())
 
     async def _keep_in_sync(self) -> None:
         await self.reloader.start()

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,6 +44,10 @@ def pool() -> Iterator[EngineProcessPool]:
     processes = EngineProcessPool(0)
     yield processes
     processes.stop_idle()
+
+
+def _resident_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def is_running(pid: int) -> bool:
@@ -135,6 +140,9 @@ def test_sessions_share_a_process_up_to_the_pools_size_and_compute_side_by_side(
         pids = [engine.pid for engine in engines]
         assert len(set(pids)) == 2 and pool.process_count == 2  # the third session joins the emptier process
         assert all(engine.session_bytes > 0 for engine in engines)  # what opening it added to its process
+        for pid in set(pids):  # the process's memory, shared out between its sessions
+            held = [engine.resident() for engine in engines if engine.pid == pid]
+            assert sum(session + share for session, share in held) == pytest.approx(_resident_bytes(pid), rel=0.05)
         rng = np.random.default_rng(1)
         batches = [
             [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
@@ -222,6 +230,15 @@ def test_a_killed_engine_process_fails_its_version_only_and_a_load_restarts_it(t
             return np.asarray(response.json()["outputs"][0]["data"], np.float32).reshape(expected.shape)
 
         np.testing.assert_allclose(served(), expected, atol=1e-5)
+        memory = httpx.get(f"{live.url}/v2/models/big").json()["memory"]
+        assert memory["session_bytes"] > 0 and memory["process_share_bytes"] > 0, memory  # in its engine process
+        assert memory["total_bytes"] == sum(value for part, value in memory.items() if part != "total_bytes")
+        deadline = time.monotonic() + 10  # /metrics has it once the sampler has run (every second)
+        while 'layerserve_version_memory_bytes{model="big",part="session",version="1"}' not in (
+            metrics := httpx.get(f"{live.url}/metrics").text
+        ):
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.2)
         reason = httpx.get(f"{live.url}/v2/models/big").json()["engine_reason"]
         found = re.search(r"runs in engine process (\d+)", reason)
         assert found, reason

@@ -34,6 +34,11 @@ class Engine(Protocol):
         """Compute the outputs for one batch."""
         ...
 
+    def resident(self) -> tuple[int, int]:
+        """(Bytes of its session in its engine process, its share of that process's other memory); (0, 0) for
+        an engine in this process."""
+        ...
+
     def close(self) -> None:
         """Free what the engine holds outside this process's objects (its process); runs once, at unload."""
         ...

@@ -42,5 +42,9 @@ class KerasEngine:
         """Compute the outputs for one batch."""
         return [np.asarray(t) for t in self._flatten(self._function(*inputs))]
 
+    def resident(self) -> tuple[int, int]:
+        """Nothing in another process: (0, 0)."""
+        return 0, 0
+
     def close(self) -> None:
         """Nothing to do: the function is freed with the object."""

@@ -24,9 +24,7 @@ class OnnxEngine:
     name = EngineKind.ONNX
     in_process = True
 
-    def __init__(
-        self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, shared_arena: bool = False
-    ) -> None:
+    def __init__(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, shared_arena: bool = False) -> None:
         """Open the session; with `shared_arena`, its activations in the process's arena (`share_arena`)."""
         import onnxruntime as ort
 
@@ -55,6 +53,10 @@ class OnnxEngine:
     def with_threads(self, threads: int) -> OnnxEngine:
         """The same graph in a new session with `threads` intra-op threads."""
         return OnnxEngine(self.path, self.inputs, threads)
+
+    def resident(self) -> tuple[int, int]:
+        """Nothing in another process: (0, 0)."""
+        return 0, 0
 
     def close(self) -> None:
         """Nothing to do: the session is freed with the object."""

@@ -338,6 +338,7 @@ def metadata_json(metadata: ModelMetadata) -> dict[str, Any]:
         "description": metadata.description,
         "input": metadata.input,
         "cache": metadata.cache,
+        "memory": metadata.memory,
     }
 
 

@@ -212,6 +212,12 @@ class CutCache:
         cut.engine, cut.engine_reason = choice.engine, choice.reason
         log.info("cut %s -> %s now on %s (%s)", cut.inputs, cut.outputs, choice.engine.name, choice.reason)
 
+    def graph_bytes(self) -> int:
+        """The size of the ONNX graphs of the cached cuts (their weights; Keras cuts share the model's)."""
+        with self._lock:
+            engines = [cut.engine for cut in self._cuts.values()]
+        return sum(_file_bytes(engine.path) for engine in engines if isinstance(engine, OnnxEngine))
+
     def describe(self) -> list[dict[str, Any]]:
         """Every cached cut, least recently used first."""
         with self._lock:
@@ -223,3 +229,10 @@ class CutCache:
             future.cancel()
         with self._lock:
             self._cuts.clear()
+
+
+def _file_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -19,6 +19,7 @@ from layerserve.engines.keras import KerasEngine
 from layerserve.engines.onnx import OnnxEngine
 from layerserve.engines.onnx_subgraph import TensorPlace
 from layerserve.engines.process.pool import EngineProcessPool
+from layerserve.engines.process.usage import process_usage
 from layerserve.lifecycle.model import Signature, find_model_file, read_signature
 from layerserve.lifecycle.prepare import ModelSource, Preparer
 from layerserve.serving.batchers import BatchingPlan
@@ -43,6 +44,7 @@ class LoadedVersion:
     model_digest: str
     cuts: CutCache
     plan: BatchingPlan
+    server_bytes: int  # how much this process's resident memory grew while the version loaded (an estimate)
 
 
 @dataclass
@@ -82,6 +84,7 @@ def load_version(
     Raises:
         LayerserveError: the version cannot be served (the message says why); any other error is a bug.
     """
+    resident_before = process_usage()[1]
     model_file = find_model_file(folder)
     source = ModelSource(model_file, processes.digest(model_file), settings.trust_models)
     cache_file = onnx_cache_path(settings.engine_cache_dir, source.digest)
@@ -125,7 +128,7 @@ def load_version(
         raise
     return LoadedVersion(
         model.signature, model.graph, model.layer_count, codec, checks, choice.engine, choice.reason, source.digest,
-        cuts, plan,
+        cuts, plan, max(0, process_usage()[1] - resident_before),
     )  # fmt: skip
 
 

@@ -68,6 +68,7 @@ class ModelVersion:
     load_seconds: float = 0.0
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
     _model_digest: str = ""
+    _server_bytes: int = 0
     _plan: BatchingPlan = field(default_factory=BatchingPlan)
     _router: VersionRouter | None = None
     _thread: ThreadPoolExecutor | None = None
@@ -110,6 +111,7 @@ class ModelVersion:
         self.signature, self.graph, self.layer_count = loaded.signature, loaded.graph, loaded.layer_count
         self.codec, self.checks, self.cuts = loaded.codec, loaded.checks, loaded.cuts
         self.engine_reason, self._model_digest, self._plan = loaded.engine_reason, loaded.model_digest, loaded.plan
+        self._server_bytes = loaded.server_bytes
         self._router = VersionRouter(loaded.engine, loaded.cuts, loaded.graph, self._fail)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
         router, inline = self._router, loaded.plan.inline
@@ -143,6 +145,16 @@ class ModelVersion:
             "queued": self.queued,
             "inline": plan.inline,
         }
+
+    def memory(self) -> dict[str, int]:
+        """The version's resident memory, in bytes: what it added to the server process while it loaded, its
+        session in its engine process, its share of that process's other memory, its cuts' graphs; and the
+        total (an estimate: the first two are growths of resident memory, which other work can blur)."""
+        session, share = self.engine.resident() if self.engine is not None else (0, 0)
+        cuts = self.cuts.graph_bytes() if self.cuts is not None else 0
+        parts = {"server_bytes": self._server_bytes, "session_bytes": session, "process_share_bytes": share}
+        parts["cuts_bytes"] = cuts
+        return {**parts, "total_bytes": sum(parts.values())}
 
     @property
     def image(self) -> ImageSpec | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from layerserve.engines.base import probe_batch
 from layerserve.engines.onnx import OnnxEngine, share_arena
 from layerserve.engines.process.channel import Channel
+from layerserve.engines.process.usage import process_usage
 from layerserve.lifecycle.model import file_digest
 from layerserve.tensors import Array, TensorSpec
 
@@ -86,7 +87,7 @@ def _run(channel: Channel, engine: OnnxEngine, inputs: list[Array]) -> None:
 def _open(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> OnnxEngine | None:
     """Open and warm up a session (at the lowest priority where it can be restored after); answer ready with the
     resident memory it added to the process, or the error."""
-    before = _resident_bytes()
+    before = process_usage()[1]
     try:
         with _low_priority():
             engine = OnnxEngine(Path(path), inputs, threads, shared_arena=True)
@@ -95,16 +96,8 @@ def _open(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: 
     except Exception as error:  # ORT raises many kinds; the version shows the message as its FAILED reason.
         channel.send("error", _describe(error))
         return None
-    channel.send("ready", max(0, _resident_bytes() - before))
+    channel.send("ready", max(0, process_usage()[1] - before))
     return engine
-
-
-def _resident_bytes() -> int:
-    """This process's resident memory."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _trim_heap() -> None:

@@ -52,11 +52,21 @@ class ProcessOnnxEngine:
         self._host: EngineHost | None = host
         self._channel: Channel = channel
         self.session_bytes = int(body)
+        host.session_bytes += self.session_bytes
 
     @property
     def pid(self) -> int | None:
         """The process the session is in (None once closed)."""
         return self._host.process.pid if self._host else None
+
+    def resident(self) -> tuple[int, int]:
+        """(What opening its session added to its engine process, its share of the rest of that process's
+        memory: the process's own and its shared arena, split evenly between its sessions); (0, 0) once closed."""
+        host = self._host
+        if host is None or host.sessions <= 0:
+            return 0, 0
+        rest = max(0, host.resident_bytes() - host.session_bytes)
+        return self.session_bytes, rest // host.sessions
 
     def run(self, inputs: list[Array]) -> list[Array]:
         """Compute the outputs for one batch, in the engine's process.
@@ -91,4 +101,5 @@ class ProcessOnnxEngine:
                 if self._channel.connection.poll(_RELEASE_TIMEOUT_S):
                     self._channel.receive(copy=True)
             self._channel.connection.close()
+        host.session_bytes -= self.session_bytes
         self._pool.session_closed(host)

@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import os
 import signal
 import threading
 from multiprocessing import reduction
 from pathlib import Path
 
 from layerserve.engines.process.channel import Channel
+from layerserve.engines.process.usage import process_usage
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import file_digest
 from layerserve.settings import Settings
@@ -45,6 +45,7 @@ class EngineHost:
     def __init__(self, pool: EngineProcessPool) -> None:
         self._pool = pool
         self.sessions = 0  # counted by the pool
+        self.session_bytes = 0  # what opening its sessions added to its memory, counted by their engines
         self._lock = threading.Lock()  # one exchange at a time on the control channel
         self._stopped = False
         context = multiprocessing.get_context("forkserver")
@@ -124,7 +125,7 @@ class EngineHost:
 
     def resident_bytes(self) -> int:
         """The process's resident memory (0 once it is gone)."""
-        return _process_usage(self.process.pid)[1]
+        return process_usage(self.process.pid or -1)[1]
 
 
 class EngineProcessPool:
@@ -244,7 +245,7 @@ class EngineProcessPool:
             cpu_seconds, hosts = self._stopped_cpu_seconds, list(self._live)
         resident = 0
         for host in hosts:
-            cpu, rss = _process_usage(host.process.pid)
+            cpu, rss = process_usage(host.process.pid or -1)
             cpu_seconds += cpu
             resident += rss
         return cpu_seconds, resident
@@ -254,14 +255,3 @@ class EngineProcessPool:
         """Engine processes running now (with sessions or kept idle)."""
         with self._lock:
             return len(self._live)
-
-
-def _process_usage(pid: int | None) -> tuple[float, int]:
-    """CPU seconds and resident bytes of a process (0, 0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-        resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-        return (int(fields[11]) + int(fields[12])) / ticks, resident  # utime, stime
-    except (OSError, ValueError, IndexError, TypeError):
-        return 0.0, 0
