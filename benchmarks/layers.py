@@ -1,6 +1,6 @@
 """Full model vs layers, served, with each new cut's first request and the server's memory after it.
 
-    .venv/bin/python benchmarks/layers.py [--layer block7_add] [--folded block7_expand] [--duration-s 8]
+    .venv/bin/python benchmarks/layers.py [--layer block7_add] [--folded block7_expand] [--duration-s 8] [--json PATH]
 
 For each requested output, on the demo EfficientNet: the very first request (a cut taken out of the verified
 export, or, for a layer the export folded away, exported by the preparer's child while the request waits), how
@@ -11,19 +11,21 @@ throughput (V2 binary infer, one image per request).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
 import re
 import time
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from demo_server import demo_server
+from demo_server import demo_server, server_pid
 from layerserve.bench.generator import Workload, build_workload, run_step
+from results import arguments, table, write_result
 
 
 def _first_request_s(url: str, workload: Workload) -> float:
@@ -32,16 +34,6 @@ def _first_request_s(url: str, workload: Workload) -> float:
     with urllib.request.urlopen(request, timeout=120) as response:
         response.read()
     return time.perf_counter() - started
-
-
-def _server_pid(port: int) -> int:
-    """The `layerserve serve` process listening on `port`."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            words = cmdline.read_bytes().split(b"\0")
-            if b"serve" in words and str(port).encode() in words:
-                return int(cmdline.parent.name)
-    raise RuntimeError(f"no server on port {port}")
 
 
 def _memory(pid: int) -> tuple[float, bool]:
@@ -60,8 +52,24 @@ def _how(url: str, model: str, output: str) -> str:
     return "cut out of the export" if "cut out of" in reasons[0] else f"exported by the child ({reasons[0][:40]})"
 
 
+def render(result: dict[str, Any]) -> str:
+    """Per output: how its cut runs, its first request, the server's memory after it, and its served throughput."""
+    start = result["server_at_start"]
+    header = ["output", "cut", "first request ms", "server MB after", "TensorFlow in server",
+              f"req/s (c={result['parameters']['concurrency']})", "p50 ms", "vs full"]  # fmt: skip
+    rows = [
+        [row["output"], row["cut"], row["first_request_ms"], row["server_rss_mb"], "yes" if row["tensorflow"] else "no",
+         row["step"]["req_s"], row["step"]["p50_ms"], row["vs_full"]]
+        for row in result["outputs"]
+    ]  # fmt: skip
+    return (
+        f"Server at start: {start['rss_mb']:,.0f} MB resident, TensorFlow mapped: "
+        f"{'yes' if start['tensorflow'] else 'no'}.\n\n{table(header, rows)}"
+    )
+
+
 def main() -> None:
-    """Run the benchmark and print a table."""
+    """Run the benchmark and print a table (and write it as JSON with `--json`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="efficientnet_lite0")
     parser.add_argument("--layer", default="block7_add", help="a middle layer")
@@ -70,11 +78,13 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--port", type=int, default=8766)
+    parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args()
     rows = []
     with demo_server(args.port) as (url, _), multiprocessing.get_context("spawn").Pool(1) as pool:
-        pid = _server_pid(args.port)
-        print(f"server at start: {_memory(pid)[0]:.0f} MB resident, TensorFlow mapped: {_memory(pid)[1]}")
+        pid = server_pid(args.port)
+        start = _memory(pid)
+        print(f"server at start: {start[0]:.0f} MB resident, TensorFlow mapped: {start[1]}")
         for output in ("", args.layer, args.feature, args.folded):
             workload = build_workload(url, args.model, "tensor", 1, None, (output,) if output else (), use_cache=False)
             first_s = _first_request_s(url, workload)
@@ -90,6 +100,14 @@ def main() -> None:
     for name, how, first_s, resident, tensorflow, step in rows:
         print(f"| {name} | {how} | {first_s * 1000:.0f} | {resident:.0f} | {'yes' if tensorflow else 'no'} | "
               f"{step.req_s:.1f} | {step.p50_ms:.1f} | {step.req_s / full:.2f} |")  # fmt: skip
+    if args.json:
+        outputs = [
+            {"output": name, "cut": how, "first_request_ms": first_s * 1000, "server_rss_mb": resident,
+             "tensorflow": tensorflow, "step": asdict(step), "vs_full": step.req_s / full}
+            for name, how, first_s, resident, tensorflow, step in rows
+        ]  # fmt: skip
+        result = {"server_at_start": {"rss_mb": start[0], "tensorflow": start[1]}, "outputs": outputs}
+        write_result(args.json, {"parameters": arguments(args), **result})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """p99 of a small model while the demo EfficientNet reloads in a loop, vs its steady p99.
 
     .venv/bin/python benchmarks/reload_stall.py [--duration-s 15] [--rounds 3] [--concurrency 4] [--every-s 0]
-                                                [--fresh] [--engine-process-min-mb 8]
+                                                [--fresh] [--engine-process-min-mb 8] [--json PATH]
 
 Steady: the token classifier alone. Then the same load while another thread touches EfficientNet's
 model file (new modification time, same bytes) and asks for `POST /v2/repository/models/.../load`,
@@ -21,12 +21,15 @@ import statistics
 import threading
 import time
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server
 from layerserve.bench.generator import build_workload, run_step
+from results import arguments, table, write_result
 
 
 def reload_forever(
@@ -45,8 +48,24 @@ def reload_forever(
         rounds.append(time.perf_counter() - started)
 
 
+def render(result: dict[str, Any]) -> str:
+    """Each round's steady and reloading throughput and p99, their ratio, and the median ratio over the rounds."""
+    header = ["round", "steady req/s", "steady p99 ms", "reloading req/s", "reloading p99 ms", "errors", "reloads/s",
+              "ratio"]  # fmt: skip
+    rows = [
+        [number, r["steady"]["req_s"], r["steady"]["p99_ms"], r["reloading"]["req_s"], r["reloading"]["p99_ms"],
+         r["errors"], r["reloads_per_s"], r["ratio"]]
+        for number, r in enumerate(result["rounds"], 1)
+    ]  # fmt: skip
+    summary = [[result["median_ratio"], len(result["reload_s"]), result["mean_reload_ms"]]]
+    return (
+        f"{table(header, rows)}\n\n"
+        f"{table(['p99 reloading / steady (median of rounds)', 'reloads', 'mean reload ms'], summary)}"
+    )
+
+
 def main() -> None:
-    """Run the benchmark and print each round's two p99s and the median ratio."""
+    """Run the benchmark and print each round's two p99s and the median ratio (and write them with `--json`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=15.0, help="seconds of each kind of step, in all")
     parser.add_argument("--rounds", type=int, default=3, help="alternations of a steady and a reloading step")
@@ -57,13 +76,14 @@ def main() -> None:
     parser.add_argument(
         "--engine-process-min-mb", default="8", help="the server setting (1e9: EfficientNet in the server process)"
     )
+    parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args()
     flags = ("--engine-process-min-mb", args.engine_process_min_mb)
     with (
         demo_server(args.port, None, *flags) as (url, repository),
         multiprocessing.get_context("spawn").Pool(1) as pool,
     ):
-        workload = build_workload(url, "token_classifier", "tensor", 1, None)
+        workload = build_workload(url, "token_classifier", "tensor", 1, None, use_cache=False)
         run_step(url, workload, args.concurrency, 2.0, pool)
         seconds = args.duration_s / args.rounds
         model_file = repository / "efficientnet_lite0" / "1" / "model.keras"
@@ -92,6 +112,16 @@ def main() -> None:
     ratio = statistics.median(during.p99_ms / steady.p99_ms for steady, during, _ in results)
     print(f"\np99 while reloading / steady p99 (median of {args.rounds} rounds): {ratio:.2f}; "
           f"{len(reloads)} reloads of {1000 * statistics.mean(reloads or [0]):.0f} ms each")  # fmt: skip
+    if args.json:
+        per_round = [
+            {"steady": asdict(steady), "reloading": asdict(during), "reloads_per_s": rate,
+             "errors": sum(steady.errors.values()) + sum(during.errors.values()),
+             "ratio": during.p99_ms / steady.p99_ms}
+            for steady, during, rate in results
+        ]  # fmt: skip
+        result = {"rounds": per_round, "median_ratio": ratio, "reload_s": reloads,
+                  "mean_reload_ms": 1000 * statistics.mean(reloads or [0])}  # fmt: skip
+        write_result(args.json, {"parameters": arguments(args), **result})
 
 
 if __name__ == "__main__":

@@ -105,3 +105,42 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def arguments(args: object) -> dict[str, Any]:
+    """A script's parsed arguments, less `--json` and `--port`: the parameters a result was measured with."""
+    return {name: value for name, value in vars(args).items() if name not in ("json", "port")}
+
+
+def bench_tables(report: dict[str, Any]) -> str:
+    """A `run_bench` report read back from JSON: its served steps, and its in-process ceiling per batch size."""
+
+    def optional(value: float | None, scale: float = 1.0) -> Any:
+        return "-" if value is None else value / scale
+
+    ceiling = report.get("in_process")
+    header = ["concurrency", "req/s", "samples/s", "p50 ms", "p90 ms", "p99 ms", "errors", "server CPU %",
+              "server RSS MB", "load CPU %"] + (["vs in-process ceiling"] if ceiling else [])  # fmt: skip
+    rows = [
+        [step["concurrency"], step["req_s"], step["samples_s"], step["p50_ms"], step["p90_ms"], step["p99_ms"],
+         sum(step["errors"].values()), optional(step["server_cpu_percent"]),
+         optional(step["server_rss_bytes"], 2**20), step["client_cpu_percent"]]
+        + ([step["vs_in_process"]] if ceiling else [])
+        for step in report["steps"]
+    ]  # fmt: skip
+    options = report["options"]
+    cache = "the feature cache bypassed" if not options["use_cache"] else "the feature cache allowed"
+    text = f"`{options['workload']}` workload on `{options['model']}`, {cache}.\n\n{table(header, rows)}"
+    if ceiling:
+        rates = sorted((int(size), rate) for size, rate in ceiling["samples_s"].items())  # JSON keys are strings
+        text += "\n\n" + table(["in-process batch size", "samples/s"], [[size, rate] for size, rate in rates])
+        text += (
+            f"\n\nIn-process ceiling: {ceiling['best_samples_s']:,.1f} samples/s "
+            f"(batch {ceiling['best_batch_size']}); the last column is served samples/s over it."
+        )
+    return text
+
+
+def by_status(answers: dict[str, int]) -> str:
+    """Answer counts by HTTP status, as one table cell: `200: 789, 503: 32,241`."""
+    return ", ".join(f"{status}: {count:,}" for status, count in sorted(answers.items()))
