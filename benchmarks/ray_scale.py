@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/ray_scale.py [--duration-s 10] [--concurrency 8 32] [--replica-cpus 1]
                                              [--ingress proxy haproxy haproxy-lean] [--models token_classifier ...]
+                                             [--json PATH]
 
 Each setup serves the demo repository on this machine (Ray: `--address local`, its proxy in front); each model
 gets the V2 binary tensor workload of `layerserve bench` (the feature cache bypassed), one concurrency level at
@@ -23,13 +24,16 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server
 from layerserve.bench.generator import StepResult, build_workload, run_step
 from layerserve.demo import build_demo_repository
+from results import arguments, table, write_result
 
 MODELS = ("token_classifier", "efficientnet_lite0")
 # Ray Serve 2.60's ingresses: its Python proxy (the default); HAProxy in front of replicas that serve HTTP
@@ -90,8 +94,23 @@ def measure(
     return results
 
 
+def render(result: dict[str, Any]) -> str:
+    """Each model under each setup at each concurrency: req/s, p50, p99 and the ratio to native; Ray's start times."""
+    header = ["model", "setup", "concurrency", "req/s", "p50 ms", "p99 ms", "x native", "errors"]
+    rows = [
+        [step["model"], setup["name"], step["concurrency"], step["req_s"], step["p50_ms"], step["p99_ms"],
+         step["x_native"], sum(step["errors"].values())]
+        for model in result["parameters"]["models"]
+        for setup in result["setups"]
+        for step in setup["steps"]
+        if step["model"] == model
+    ]  # fmt: skip
+    ready = [[setup["name"], setup["ready_s"]] for setup in result["setups"] if setup["ready_s"] is not None]
+    return f"{table(header, rows)}\n\n{table(['setup', 'ready in s'], ready)}" if ready else table(header, rows)
+
+
 def main() -> None:
-    """Run the three setups and print the table."""
+    """Run the setups and print the table (and write it as JSON with `--json`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
@@ -99,11 +118,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8790)
     parser.add_argument("--ingress", nargs="+", choices=sorted(INGRESS), default=["proxy"])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="layerserve-ray-scale-"))
     repository, cache = work / "repo", work / "cache"
     build_demo_repository(repository)
     setups: dict[str, dict[tuple[str, int], StepResult]] = {}
+    ready_s: dict[str, float] = {}
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         flags = ("--grpc-port", "0", "--engine-cache-dir", str(cache))
         with demo_server(args.port, repository, *flags) as (url, _):
@@ -113,7 +134,8 @@ def main() -> None:
                 started = time.perf_counter()
                 with ray_server(args.port + 1, repository, cache, replicas, args.replica_cpus, ingress) as url:
                     name = f"Ray {ingress}, {replicas} replica(s)"
-                    print(f"{name}: ready in {time.perf_counter() - started:.0f} s", flush=True)
+                    ready_s[name] = time.perf_counter() - started
+                    print(f"{name}: ready in {ready_s[name]:.0f} s", flush=True)
                     setups[name] = measure(url, args.models, args.concurrency, args.duration_s, pool)
     native = setups["native serve"]
     print("| model | setup | concurrency | req/s | p50 ms | p99 ms | x native | errors |")
@@ -125,6 +147,14 @@ def main() -> None:
                 ratio = step.req_s / native[(model, level)].req_s
                 print(f"| {model} | {name} | {level} | {step.req_s:,.0f} | {step.p50_ms:.2f} | {step.p99_ms:.2f} | "
                       f"{ratio:.2f} | {sum(step.errors.values())} |")  # fmt: skip
+    if args.json:
+        result = [
+            {"name": name, "ready_s": ready_s.get(name),
+             "steps": [{"model": model, **asdict(step), "x_native": step.req_s / native[(model, level)].req_s}
+                       for (model, level), step in results.items()]}
+            for name, results in setups.items()
+        ]  # fmt: skip
+        write_result(args.json, {"parameters": {**arguments(args), "use_cache": False}, "setups": result})
 
 
 if __name__ == "__main__":

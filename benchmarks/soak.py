@@ -1,6 +1,7 @@
 """Soak: mixed load for a long time against `layerserve serve --workers 2`; nothing may fail and no process may grow.
 
     .venv/bin/python benchmarks/soak.py [--duration-s 1800] [--new-version-every-s 10] [--output soak.json]
+                                        [--json PATH]
 
 The script builds the demo repository in a temporary folder, starts its own `redis-server` on a free port
 (the feature cache uses it), serves the repository with two workers and creates a text model (`reviews`)
@@ -16,7 +17,8 @@ times. Every answer is counted by (route, status): 2xx with a well-formed body, 
 process's resident memory (the supervisor and its descendants, from /proc) is sampled every
 `--sample-every-s`; growth is measured from the first sample after the warm-up to the last.
 Exit status 1 if a request failed, the training job did not start or failed, the server was not ready at the
-end, or a serving process alive at warm-up grew more than `--max-rss-growth-mb`.
+end, or a serving process alive at warm-up grew more than `--max-rss-growth-mb`. `--json` writes the report
+stamped (benchmarks/results.py), with the options it ran with, for the docs' figures.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from results import by_status, table, write_result
 from soak_load import KINDS, TEXT_MODEL, TEXTS, Tally, closed_loop, package_dir, prewarm, request
 from soak_server import SERVING_ROLES, MemorySampler, ProcessMemory, RedisProcess, free_port
 
@@ -362,6 +365,41 @@ def print_report(report: SoakReport) -> None:
     print("\n" + ("; ".join(report.problems()) or "passed") + f" (server log: {report.server_log})")
 
 
+def render(result: dict[str, Any]) -> str:
+    """Answers by route and status, each server process's memory, the versions that answered, and the verdict."""
+    seconds = result["duration_s"]
+    answers = [
+        [kind, by_status(counts), sum(n for status, n in counts.items() if status.startswith("2")) / seconds]
+        for kind, counts in sorted(result["counts"].items())
+    ]
+    memory_header = ["process", "pid", "first MB", "after warm-up MB", "last MB", "peak MB", "growth MB",
+                     "alive at end"]  # fmt: skip
+    memory = [
+        [p["role"], str(p["pid"]), round(p["first_mb"]), "-" if p["baseline_mb"] is None else round(p["baseline_mb"]),
+         round(p["last_mb"]), round(p["peak_mb"]), "-" if p["growth_mb"] is None else f"{p['growth_mb']:+.1f}",
+         "yes" if p["alive_at_end"] else "no"]
+        for p in result["processes"]
+    ]  # fmt: skip
+    versions = [
+        [kind, ", ".join(f"v{v}: {n:,}" for v, n in sorted(counts.items(), key=lambda item: int(item[0])))]
+        for kind, counts in sorted(result["versions"].items())
+    ]
+    training = result["training"]
+    restarts = [event["event"] for event in result["events"]].count("redis restarted")
+    summary = (
+        f"{seconds:g} s of load (growth: from the first sample after {result['warmup_s']:g} s to the last); "
+        f"{result['versions_created']} token_classifier versions copied in; Redis restarted {restarts} times; "
+        f"the training job {training.get('state')} (version {training.get('model_version')}, "
+        f"{'served' if training.get('served') else 'not served'}). "
+        f"Verdict: {'; '.join(result['problems']) or 'passed'}."
+    )
+    return (
+        f"{table(['route', 'answers by status', '2xx/s'], answers)}\n\n"
+        f"{table(memory_header, memory)}\n\n"
+        f"{table(['route', 'versions that answered (2xx)'], versions)}\n\n{summary}"
+    )
+
+
 def main() -> int:
     """Parse the options, run the soak, print and write the report; 1 if it failed."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -384,12 +422,16 @@ def main() -> int:
     parser.add_argument("--warmup-s", type=float, default=None, help="default: 60 s or 20%% of the duration")
     parser.add_argument("--repository", type=Path, default=None, help="a demo repository to copy (default: build one)")
     parser.add_argument("--output", type=Path, default=None, help="write the JSON report here")
+    parser.add_argument("--json", type=Path, default=None, help="write the report, stamped, here (for the figures)")
     args = vars(parser.parse_args())
-    output = args.pop("output")
-    report = run_soak(SoakOptions(**args))
+    output, stamped = args.pop("output"), args.pop("json")
+    options = SoakOptions(**args)
+    report = run_soak(options)
     print_report(report)
     if output is not None:
         output.write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False), encoding="utf-8")
+    if stamped is not None:
+        write_result(stamped, {"parameters": asdict(options), **report.to_json()})
     return 1 if report.problems() else 0
 
 
