@@ -130,8 +130,8 @@ class EngineHost:
 
 class EngineProcessPool:
     """The engine processes of one server: graphs of at least `min_bytes` get a session in one of them, at most
-    `max_processes` processes (0: one per session); up to `kept_idle` processes without a session (~11 MB of
-    private memory each) are kept for the next versions."""
+    `max_processes` processes (0: one per session); up to `kept_idle` processes without a session are kept, with
+    their arena, for the next versions."""
 
     def __init__(self, min_bytes: int, kept_idle: int = 2, max_processes: int = 0) -> None:
         self.min_bytes = min_bytes
@@ -158,26 +158,29 @@ class EngineProcessPool:
         Raises:
             ModelLoadError: the process could not start.
         """
-        host = self._host(sharing=True)
-        with self._lock:
-            host.sessions += 1
-        return host
+        return self._host(opening=True)
 
-    def _host(self, sharing: bool) -> EngineHost:
+    def _host(self, opening: bool) -> EngineHost:
+        """A kept idle process, else (for a session) a new one while there are fewer than `max_processes`, else
+        the running one with the fewest sessions; a session opening is counted in it before the lock is let go."""
         with self._lock:
             while self._idle:
                 host = self._idle.pop()
                 if host.process.is_alive():
+                    host.sessions += opening
                     return host
                 self._live.discard(host)
             running = [h for h in self._live if h.process.is_alive()]
-            if running and (not sharing or (self.max_processes and len(running) >= self.max_processes)):
-                return min(running, key=lambda h: h.sessions)
+            if running and (not opening or (self.max_processes and len(running) >= self.max_processes)):
+                host = min(running, key=lambda h: h.sessions)
+                host.sessions += opening
+                return host
         try:
             host = EngineHost(self)
         except OSError as error:
             raise ModelLoadError(f"could not start an engine process: {error}") from None
         with self._lock:
+            host.sessions += opening
             self._live.add(host)
         return host
 
@@ -215,7 +218,7 @@ class EngineProcessPool:
         """
         if not self.takes(path):
             return file_digest(path)
-        host = self._host(sharing=False)
+        host = self._host(opening=False)
         try:
             tag, body = host.digest(path)
         except (EOFError, OSError):
