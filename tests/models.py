@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
 
 def build_mlp(seed: int) -> Any:
@@ -55,6 +56,22 @@ def build_tiny_image() -> Any:
     h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(keras.layers.Rescaling(1 / 255)(image))
     pooled = keras.layers.GlobalAveragePooling2D(name="pool")(h)
     return keras.Model(image, keras.layers.Dense(3, activation="softmax", name="probs")(pooled), name="tiny_image")
+
+
+def build_conv_bn() -> Any:
+    """8x8 RGB -> a convolution without bias, batch normalization with learned statistics (the export folds it into
+    the convolution), ReLU, pooling, 3 softmax scores."""
+    keras.utils.set_random_seed(9)
+    image = keras.Input((8, 8, 3), name="image")
+    conv = keras.layers.Conv2D(6, 3, use_bias=False, name="conv")(image)
+    normalization = keras.layers.BatchNormalization(name="bn")
+    h = keras.layers.ReLU(name="relu")(normalization(conv))
+    pooled = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    model = keras.Model(image, keras.layers.Dense(3, activation="softmax", name="probs")(pooled), name="conv_bn")
+    rng = np.random.default_rng(9)
+    gamma, beta, mean = rng.uniform(0.5, 2, 6), rng.normal(size=6), rng.normal(size=6)
+    normalization.set_weights([gamma, beta, mean, rng.uniform(0.5, 3, 6)])
+    return model
 
 
 def build_tiny_text(vocabulary_size: int, sequence_length: int) -> Any:

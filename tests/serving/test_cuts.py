@@ -19,7 +19,7 @@ from layerserve.lifecycle.prepare import ModelSource, Preparer, record_path
 from layerserve.serving.cuts import CutCache, ServedExport
 from layerserve.serving.layers import LayerGraph
 from layerserve.settings import Settings
-from tests.models import build_multi, save_model
+from tests.models import build_conv_bn, build_multi, save_model
 
 
 def test_cut_starts_on_keras_then_switches_to_onnx(tmp_path: Path) -> None:
@@ -58,10 +58,10 @@ def test_bounded_and_keras_only(tmp_path: Path) -> None:
     assert all(c["engine"] == "keras" for c in cache.describe()) and preparer._pool is None
 
 
-def _served(tmp_path: Path) -> tuple[Any, LayerGraph, ModelSource, Preparer, ServedExport]:
-    """`multi` prepared by the preparer's child, as a version serving its export sees it: the layer table, and
-    where each layer's output is in the export (no Keras model here)."""
-    model = build_multi()
+def _served(tmp_path: Path, build: Any = build_multi) -> tuple[Any, LayerGraph, ModelSource, Preparer, ServedExport]:
+    """`multi` (or what `build` builds) prepared by the preparer's child, as a version serving its export sees it:
+    the layer table, and where each layer's output is in the export (no Keras model here)."""
+    model = build()
     path = save_model(model, tmp_path / "m", "model.keras")
     source, preparer = ModelSource(path, file_digest(path), trust=False), Preparer()
     export = onnx_cache_path(tmp_path / "cache", source.digest)
@@ -152,3 +152,25 @@ def test_a_cut_that_needs_a_missing_tensor_is_refused_from_the_table(tmp_path: P
     with pytest.raises(BadRequestError, match="also need flat"):
         cache.get(("features",), ("joined",))
     assert graph._load is not None and not (tmp_path / "cache" / "cuts").exists()  # refused from the table alone
+
+
+def test_a_convolution_the_export_folded_is_cut_out_of_it_with_its_scale_and_shift(tmp_path: Path) -> None:
+    model, graph, source, preparer, export = _served(tmp_path, build_conv_bn)
+    place = export.located["conv"]  # no tensor of its own: found at the normalization's output, scaled back
+    assert place.scale is not None and place.tensor == export.located["bn"].tensor, place
+    exporter = ThreadPoolExecutor(1)
+    cache = CutCache(graph, source, Settings(engine_cache_dir=tmp_path / "cache"), exporter, preparer, export)
+    image = np.random.default_rng(4).uniform(-1, 1, (3, 8, 8, 3)).astype(np.float32)
+    to_conv = cache.get(("image",), ("conv", "probs"))
+    assert "cut out of the verified export" in to_conv.engine_reason, to_conv.engine_reason
+    for got, expected in zip(to_conv.engine.run([image]), _keras_cut(model, ["image"], ["conv", "probs"], [image]),
+                             strict=True):  # fmt: skip
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    conv = np.random.default_rng(5).normal(size=(3, 6, 6, 6)).astype(np.float32)
+    from_conv = cache.get(("conv",), ("probs",))  # a cut that starts at the folded layer
+    assert "cut out of the verified export" in from_conv.engine_reason, from_conv.engine_reason
+    want = _keras_cut(model, ["conv"], ["probs"], [conv])[0]
+    np.testing.assert_allclose(from_conv.engine.run([conv])[0], want, atol=1e-5)
+    exporter.shutdown(wait=True)  # both checks against Keras have run in the preparer's child
+    preparer.close()
+    assert all("checked against Keras: max difference" in c.engine_reason for c in (to_conv, from_conv))

@@ -34,7 +34,7 @@ from layerserve.tensors import TensorSpec
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 3  # 2: Embedding layers record their input_dim; 3: where each layer's output is in the export
+_FORMAT = 4  # 2: Embedding layers record their input_dim; 3: where layers' outputs are in the export; 4: folded too
 _NICENESS = 10
 _KEPT_PREPARATIONS = 64
 _LOCATE_ATOL = 1e-4  # a layer's output and its tensor in the export agree this closely on the probe batch
