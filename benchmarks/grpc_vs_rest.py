@@ -1,0 +1,75 @@
+"""gRPC against REST binary, in one run: the demo token classifier and EfficientNet-Lite0, V2 infer of one row per
+request, REST and gRPC alternating per model and concurrency so that a change of load hits both.
+
+    .venv/bin/python benchmarks/grpc_vs_rest.py [--duration-s 10] [--concurrency 1 8 32] [--json PATH]
+
+Each step is `layerserve bench URL --model M --workload tensor --no-cache --concurrency C` against `layerserve serve
+REPO --grpc-port P` (one worker), with `--protocol grpc --grpc-port P` for gRPC (the load generator's own HTTP/2
+client). The target of issue 17: gRPC req/s at least REST binary's for the small model, and its c=1 p50 no higher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from demo_server import demo_server
+from layerserve.bench.generator import BenchOptions, run_bench
+from results import arguments, table, write_result
+from soak_server import free_port
+
+MODELS = ("token_classifier", "efficientnet_lite0")
+PROTOCOLS = {"http": "REST binary", "grpc": "gRPC"}
+
+
+def render(result: dict[str, Any]) -> str:
+    """Each model, concurrency and protocol: req/s, latency and CPU, and gRPC over REST."""
+    header = ["model", "concurrency", "protocol", "req/s", "p50 ms", "p99 ms", "load CPU %", "server CPU %",
+              "gRPC / REST req/s"]  # fmt: skip
+    rows = []
+    for model in result["models"]:
+        for concurrency in result["parameters"]["concurrency"]:
+            steps = {row["protocol"]: row["step"] for row in result["rows"]
+                     if row["model"] == model and row["step"]["concurrency"] == concurrency}  # fmt: skip
+            for protocol, step in steps.items():
+                ratio = steps["grpc"]["req_s"] / steps["http"]["req_s"] if protocol == "grpc" else "-"
+                cpu = step["server_cpu_percent"]
+                rows.append([
+                    model, concurrency, PROTOCOLS[protocol], step["req_s"], step["p50_ms"], step["p99_ms"],
+                    step["client_cpu_percent"], "-" if cpu is None else cpu, ratio,
+                ])  # fmt: skip
+    return table(header, rows)
+
+
+def main() -> None:
+    """Alternate REST and gRPC per model and concurrency; print the table (and write JSON with `--json`)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--port", type=int, default=8772)
+    parser.add_argument("--json", type=Path, help="write the result here")
+    args = parser.parse_args()
+    grpc_port = free_port()
+    rows = []
+    with demo_server(args.port, None, "--grpc-port", str(grpc_port)) as (url, _):
+        for model in MODELS:
+            for concurrency in args.concurrency:
+                for protocol in PROTOCOLS:
+                    options = BenchOptions(
+                        url, model, "tensor", [concurrency], args.duration_s, use_cache=False, protocol=protocol,
+                        grpc_port=grpc_port,
+                    )  # fmt: skip
+                    step = run_bench(options)["steps"][0]
+                    rows.append({"model": model, "protocol": protocol, "step": step})
+    result = {"parameters": arguments(args), "models": list(MODELS), "rows": rows}
+    print(render(result))
+    if args.json:
+        write_result(args.json, result)
+
+
+if __name__ == "__main__":
+    main()
