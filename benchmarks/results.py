@@ -42,13 +42,15 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str:
-    """The checkout's commit (short), with `-dirty` when files differ from it."""
+    """The checkout's commit (short), with `-dirty` when files other than the results differ from it."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return f"{head}-dirty" if git("status", "--porcelain", "--untracked-files=no") else head
+    # The results themselves are left out: a run rewrites them.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/figures")
+    return f"{head}-dirty" if changed else head
 
 
 def stamp() -> dict[str, Any]:
