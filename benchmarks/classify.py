@@ -1,6 +1,6 @@
 """Photos/s through /classify vs the in-process decode + preprocess + model ceiling, on the demo repository.
 
-    .venv/bin/python benchmarks/classify.py [--duration-s 10] [--concurrency 1 8 32] [--plot docs/bench-classify.png]
+    .venv/bin/python benchmarks/classify.py [--duration-s 10] [--concurrency 1 8 32] [--plot classify.png]
                                             [--json PATH]
 
 The same as `layerserve bench URL --model efficientnet_lite0 --workload image --image cat.jpg --no-cache

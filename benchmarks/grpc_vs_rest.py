@@ -5,7 +5,9 @@ request, REST and gRPC alternating per model and concurrency so that a change of
 
 Each step is `layerserve bench URL --model M --workload tensor --no-cache --concurrency C` against `layerserve serve
 REPO --grpc-port P` (one worker), with `--protocol grpc --grpc-port P` for gRPC (the load generator's own HTTP/2
-client). The target of issue 17: gRPC req/s at least REST binary's for the small model, and its c=1 p50 no higher.
+client). For the small model each step also measures its bare stack (`--bare`): uvicorn and httptools answering a
+constant for REST, grpc.aio on uvloop answering a constant ModelInferResponse for gRPC. The target of issue 17:
+gRPC req/s at least REST binary's for the small model, and its c=1 p50 no higher.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from results import arguments, table, write_result
 from soak_server import free_port
 
 MODELS = ("token_classifier", "efficientnet_lite0")
+WITH_BARE = ("token_classifier",)  # where the stack's own cost matters
 PROTOCOLS = {"http": "REST binary", "grpc": "gRPC"}
 
 
 def render(result: dict[str, Any]) -> str:
     """Each model, concurrency and protocol: req/s, latency and CPU, and gRPC over REST."""
     header = ["model", "concurrency", "protocol", "req/s", "p50 ms", "p99 ms", "load CPU %", "server CPU %",
-              "gRPC / REST req/s"]  # fmt: skip
+              "gRPC / REST req/s", "bare stack req/s", "served / bare"]  # fmt: skip
     rows = []
     for model in result["models"]:
         for concurrency in result["parameters"]["concurrency"]:
@@ -37,10 +40,11 @@ def render(result: dict[str, Any]) -> str:
                      if row["model"] == model and row["step"]["concurrency"] == concurrency}  # fmt: skip
             for protocol, step in steps.items():
                 ratio = steps["grpc"]["req_s"] / steps["http"]["req_s"] if protocol == "grpc" else "-"
-                cpu = step["server_cpu_percent"]
+                cpu, bare = step["server_cpu_percent"], step.get("bare_req_s")
                 rows.append([
                     model, concurrency, PROTOCOLS[protocol], step["req_s"], step["p50_ms"], step["p99_ms"],
-                    step["client_cpu_percent"], "-" if cpu is None else cpu, ratio,
+                    step["client_cpu_percent"], "-" if cpu is None else cpu, ratio, "-" if bare is None else bare,
+                    step.get("vs_bare", "-"),
                 ])  # fmt: skip
     return table(header, rows)
 
@@ -61,9 +65,12 @@ def main() -> None:
                 for protocol in PROTOCOLS:
                     options = BenchOptions(
                         url, model, "tensor", [concurrency], args.duration_s, use_cache=False, protocol=protocol,
-                        grpc_port=grpc_port,
+                        grpc_port=grpc_port, bare=model in WITH_BARE,
                     )  # fmt: skip
-                    step = run_bench(options)["steps"][0]
+                    report = run_bench(options)
+                    step = report["steps"][0]
+                    if "bare" in report:
+                        step["bare_req_s"] = report["bare"][0]["req_s"]
                     rows.append({"model": model, "protocol": protocol, "step": step})
     result = {"parameters": arguments(args), "models": list(MODELS), "rows": rows}
     print(render(result))

@@ -55,14 +55,17 @@ def test_json_workload_and_errors_by_status(server: LiveServer) -> None:
 def test_grpc_protocol_counts_every_request(server: LiveServer) -> None:
     options = BenchOptions(
         url=server.url, model="mlp", workload="tensor", concurrency=[1, 4], duration_s=0.5, rows=2,
-        protocol="grpc", grpc_port=server.grpc_port,
+        protocol="grpc", grpc_port=server.grpc_port, bare=True,
     )  # fmt: skip
     before = _rows_served(server, "mlp", "2")
     report = run_bench(options)
     served = _rows_served(server, "mlp", "2") - before
     for step in report["steps"]:
         assert step["errors"] == {} and step["requests"] > 0 and step["samples_s"] == 2 * step["req_s"]
+        assert "vs_bare" in step
     assert served >= 2 * sum(s["requests"] for s in report["steps"])
+    # The bare gRPC stack answered every call with grpc-status 0 (a status the client could not read counts as 2).
+    assert all(step["errors"] == {} and step["requests"] > 0 for step in report["bare"]), report["bare"]
     errors = run_bench(BenchOptions(url=server.url, model="corrupt", workload="tensor", concurrency=[1],
                                     duration_s=0.3, protocol="grpc", grpc_port=server.grpc_port))  # fmt: skip
     assert set(errors["steps"][0]["errors"]) == {"14"}  # UNAVAILABLE

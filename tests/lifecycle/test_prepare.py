@@ -1,4 +1,5 @@
-"""The preparer's child process dies with the server that started it (a killed worker leaves no orphan)."""
+"""The preparer's child process dies with the server that started it (a killed worker leaves no orphan), and a
+server that stops does not wait for the job its child runs."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+from layerserve.errors import ModelLoadError
+from layerserve.lifecycle.prepare import Preparer
 
 _SERVER = """
 import os, time
@@ -36,3 +41,25 @@ def test_the_child_exits_when_its_server_is_killed() -> None:
     while _is_running(child) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _is_running(child), "the preparer's child outlived the server"
+
+
+def test_close_stops_a_busy_child_at_once_and_its_caller_gets_an_error() -> None:
+    preparer = Preparer()
+    child = preparer._run(os.getpid)
+    errors: list[Exception] = []
+
+    def long_job() -> None:  # as a slow export would: a job the server must not wait for when it stops
+        try:
+            preparer._run(time.sleep, 120)
+        except Exception as error:
+            errors.append(error)
+
+    caller = threading.Thread(target=long_job)
+    caller.start()
+    time.sleep(0.5)  # the job has reached the child
+    started = time.monotonic()
+    preparer.close()
+    caller.join(timeout=30)
+    assert not caller.is_alive() and time.monotonic() - started < 15
+    assert not _is_running(child)
+    assert len(errors) == 1 and isinstance(errors[0], ModelLoadError), errors

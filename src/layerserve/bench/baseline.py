@@ -1,5 +1,6 @@
-"""The bare baseline of `layerserve bench`: the same HTTP stack (uvicorn, uvloop, httptools, Starlette)
-answering every POST with a constant, to show what the stack alone costs."""
+"""The bare baselines of `layerserve bench`: the same HTTP stack (uvicorn, uvloop, httptools, Starlette) answering
+every POST with a constant, and the same gRPC stack (grpc.aio on uvloop) answering every ModelInfer with a constant,
+to show what the stack alone costs."""
 
 from __future__ import annotations
 
@@ -31,15 +32,40 @@ def _serve(port: int) -> None:
                 access_log=False)  # fmt: skip
 
 
-def start_bare_server() -> tuple[SpawnProcess, int]:
-    """Start the bare server in a fresh process on a free port; returns once it accepts connections."""
+def _serve_grpc(port: int) -> None:
+    import grpc
+    import uvloop
+    from tritonclient.grpc import service_pb2
+
+    constant: bytes = service_pb2.ModelInferResponse(model_name="bare", model_version="1").SerializeToString()
+
+    async def model_infer(request: bytes, context: object) -> bytes:  # the request as bytes: nothing parsed
+        return constant
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(model_infer)  # no (de)serializers: bytes in, bytes out
+        server.add_generic_rpc_handlers(
+            [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})]
+        )
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    uvloop.run(main())
+
+
+def start_bare_server(protocol: str = "http") -> tuple[SpawnProcess, int]:
+    """Start the bare HTTP (or `grpc`) server in a fresh process on a free port; returns once it accepts
+    connections."""
     import multiprocessing
     import time
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
-    process = multiprocessing.get_context("spawn").Process(target=_serve, args=(port,), daemon=True)
+    serve = _serve_grpc if protocol == "grpc" else _serve
+    process = multiprocessing.get_context("spawn").Process(target=serve, args=(port,), daemon=True)
     process.start()
     for _ in range(300):
         try:

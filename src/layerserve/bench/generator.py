@@ -9,7 +9,7 @@ import re
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
@@ -321,9 +321,10 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         if options.bare:
             from layerserve.bench.baseline import start_bare_server
 
-            process, port = start_bare_server()
+            process, port = start_bare_server(options.protocol)
+            bare = replace(workload, grpc_port=port) if options.protocol == "grpc" else workload
             try:
-                steps = drive(f"http://127.0.0.1:{port}", workload, options, pool, "bare stack")
+                steps = drive(f"http://127.0.0.1:{port}", bare, options, pool, "bare stack")
                 report["bare"] = [asdict(step) for step in steps]
             finally:
                 process.kill()

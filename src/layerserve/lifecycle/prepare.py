@@ -254,6 +254,7 @@ class Preparer:
         self._running = 0
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
+        self._closed = False
         # Records are immutable per model digest; parsing one holds the GIL for milliseconds per load.
         self._kept: dict[tuple[Path, int, int], Preparation] = {}
 
@@ -323,6 +324,8 @@ class Preparer:
             with self._lock:
                 if self._pool is pool:
                     self._pool = None
+            if self._closed:
+                raise ModelLoadError("the server is stopping: the preparation was abandoned") from None
             raise ModelLoadError("the preparation process died (out of memory, or a crash in the exporter)") from None
         finally:
             with self._lock:
@@ -340,10 +343,19 @@ class Preparer:
         pool.shutdown(wait=True)
 
     def close(self) -> None:
-        """Stop the child (after the job it runs, if any)."""
+        """Stop the child now, abandoning the job it runs, if any (its caller gets a ModelLoadError): a server that
+        is stopping must not wait for an export, which can take minutes. What the job wrote is whole or absent
+        (files are written under a temporary name, then renamed), so the next start prepares it again."""
         with self._lock:
+            self._closed = True
             if self._timer is not None:
                 self._timer.cancel()
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool is None:
+            return
+        processes = list(getattr(pool, "_processes", {}).values())  # no public way to stop a busy worker (3.11)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=10)
