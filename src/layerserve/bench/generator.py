@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import math
 import re
@@ -174,7 +175,7 @@ def _process_metrics(url: str) -> tuple[float, float] | None:
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
             text = response.read().decode()
-    except OSError:
+    except (OSError, http.client.HTTPException):  # no server, no /metrics, or not HTTP/1.1 (a bare gRPC server)
         return None
     # One line per worker process (`{pid="..."}`) with several workers, one line without labels otherwise.
     cpu = re.findall(r"^layerserve_process_cpu_seconds(?:\{[^}]*\})? (\S+)$", text, re.M)
