@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server, sample_jpeg
 from layerserve.bench.generator import BenchOptions, run_bench
-from results import arguments, table, write_result
+from results import arguments, load_parser, table, write_result
 from soak_server import RedisProcess
 
 LAYER = "block7_add"
@@ -55,12 +55,7 @@ def measure(url: str, photo: Path, args: argparse.Namespace) -> dict[str, list[d
 
 def main() -> None:
     """Measure both backends; print the table (and write the result as JSON with `--json`)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration-s", type=float, default=10.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[8])
-    parser.add_argument("--port", type=int, default=8773)
-    parser.add_argument("--json", type=Path, help="write the result here")
-    args = parser.parse_args()
+    args = load_parser(__doc__, 8773, [8]).parse_args()
     photo = sample_jpeg(Path(tempfile.mkdtemp()) / "chelsea.jpg")
     backends = {}
     with demo_server(args.port) as (url, _):

@@ -12,16 +12,14 @@ gRPC req/s at least REST binary's for the small model, and its c=1 p50 no higher
 
 from __future__ import annotations
 
-import argparse
 import os
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server
 from layerserve.bench.generator import BenchOptions, run_bench
-from results import arguments, table, write_result
+from results import arguments, load_parser, table, write_result
 from soak_server import free_port
 
 MODELS = ("token_classifier", "efficientnet_lite0")
@@ -51,12 +49,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main() -> None:
     """Alternate REST and gRPC per model and concurrency; print the table (and write JSON with `--json`)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration-s", type=float, default=10.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--port", type=int, default=8772)
-    parser.add_argument("--json", type=Path, help="write the result here")
-    args = parser.parse_args()
+    args = load_parser(__doc__, 8772, [1, 8, 32]).parse_args()
     grpc_port = free_port()
     rows = []
     with demo_server(args.port, None, "--grpc-port", str(grpc_port)) as (url, _):

