@@ -107,36 +107,6 @@ def test_process_engine_equals_the_in_process_engine_and_keras(
         remote.close()
 
 
-def test_two_batches_at_once_take_both_lanes_and_each_gets_its_own_answer(
-    multi_graph: tuple[object, Path], pool: EngineProcessPool
-) -> None:
-    model, graph = multi_graph
-    inputs = read_signature(model).inputs
-    local, remote = OnnxEngine(graph, inputs, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 2)
-    assert remote.lanes == 2
-    rng = np.random.default_rng(3)
-    batches = [
-        [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
-        for rows in (60_000, 50_000, 6, 70_000)  # most through each lane's shared memory
-    ]
-    expected = [local.run(batch) for batch in batches]
-
-    def served(offset: int) -> None:
-        for turn in range(12):
-            index = (turn + offset) % len(batches)
-            for got, want in zip(remote.run(batches[index]), expected[index], strict=True):
-                np.testing.assert_array_equal(got, want)
-
-    try:
-        with ThreadPoolExecutor(2) as threads:  # as a batcher with two batches in flight does
-            list(threads.map(served, (0, 1)))
-        assert all(channel._outgoing is not None for _, channel in remote._lanes)  # both lanes carried batches
-        np.testing.assert_array_equal(remote.run(batches[2])[0], expected[2][0])
-    finally:
-        remote.close()
-    assert remote.pid is None and pool.idle_count == 1  # released: its process kept for the next session
-
-
 def test_a_closed_engines_process_is_kept_for_the_next_one(
     multi_graph: tuple[object, Path], pool: EngineProcessPool
 ) -> None:

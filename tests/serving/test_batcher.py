@@ -76,33 +76,6 @@ async def test_requests_queued_while_busy_form_the_next_batch() -> None:
         check(result, arrays)
 
 
-async def test_with_two_in_flight_only_a_full_batch_goes_beside_a_running_one() -> None:
-    gate = threading.Event()
-    model = GatedModel(gate)
-    merger = Batcher(model, ThreadPoolExecutor(2), 4, 0.0, QueueBudget(100), ("m", "1"), max_in_flight=2)
-    first = asyncio.create_task(merger.submit(rows(0, 1), None))
-    await started(model)
-    lone = asyncio.create_task(merger.submit(rows(10, 1), None))
-    await asyncio.sleep(0.2)
-    assert model.calls == [1]  # not a full batch: it waits for the model to be free, to grow
-    sent = [rows(20, 2), rows(30, 1)]  # with `lone`: a full batch of 4
-    more = [asyncio.create_task(merger.submit(s, None)) for s in sent]
-    for _ in range(100):
-        if len(model.calls) == 2:
-            break
-        await asyncio.sleep(0.02)
-    assert model.calls == [1, 4]  # sent while the first still runs
-    gate.set()
-    results = await asyncio.gather(first, lone, *more)
-    for result, arrays in zip(results, [rows(0, 1), rows(10, 1), *sent], strict=True):
-        check(result, arrays)
-    for _ in range(100):  # the batcher's task ends once it has seen both batches end
-        if merger.is_idle:
-            break
-        await asyncio.sleep(0.01)
-    assert merger.is_idle
-
-
 async def test_full_batch_goes_at_once_and_delay_merges_stragglers() -> None:
     model = GatedModel()
     merger = batcher(model, max_batch=4, delay_s=30.0)

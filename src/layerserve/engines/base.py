@@ -29,7 +29,6 @@ class Engine(Protocol):
 
     name: EngineKind
     in_process: bool  # False: runs in another process, so never on the event loop
-    lanes: int  # batches it takes at once (run from that many threads); more than 1 lets batches overlap transfer
 
     def run(self, inputs: list[Array]) -> list[Array]:
         """Compute the outputs for one batch."""

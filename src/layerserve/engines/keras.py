@@ -24,7 +24,6 @@ class KerasEngine:
 
     name = EngineKind.KERAS
     in_process = True
-    lanes = 1
 
     def __init__(self, model: Any, inputs: tuple[TensorSpec, ...]) -> None:
         import keras

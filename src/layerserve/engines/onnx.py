@@ -23,7 +23,6 @@ class OnnxEngine:
 
     name = EngineKind.ONNX
     in_process = True
-    lanes = 1
 
     def __init__(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, shared_arena: bool = False) -> None:
         """Open the session; with `shared_arena`, its activations in the process's arena (`share_arena`)."""

@@ -10,7 +10,6 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -46,10 +45,7 @@ class Batcher:
     runs alone. Every caller gets exactly its own rows back, or the error its own rows cause. With
     `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
     thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on the loop's next
-    turn (see `_flush_inline`), not a task. With `max_in_flight` above 1 (a model in an engine process, whose
-    batches cross a socket), a full batch is sent while earlier ones still run, up to that many at once, so that
-    the engine has the next batch at hand when one ends; a batch that is not full still waits for the model to be
-    free, so that batches stay as large as the load makes them.
+    turn (see `_flush_inline`), not a task.
     """
 
     def __init__(
@@ -62,10 +58,8 @@ class Batcher:
         labels: tuple[str, str],
         is_inline: bool = False,
         statistics: VersionStatistics | None = None,
-        max_in_flight: int = 1,
     ) -> None:
         self._run = run
-        self._max_in_flight = max(1, max_in_flight)
         self._is_inline = is_inline
         self._statistics = statistics
         self._thread = thread
@@ -138,42 +132,14 @@ class Batcher:
             asyncio.get_running_loop().call_soon(self._flush_inline)
 
     async def _serve(self) -> None:
-        running: set[asyncio.Task[None]] = set()  # batches sent and not yet answered (more than one: in flight)
         try:
-            while self._queue or running:
-                if running:
-                    await self._wait_for_room(running)
-                    running = {task for task in running if not task.done()}
-                    if running and self._rows < self._max_batch_size:
-                        continue  # only a full batch goes beside the running ones
-                    if not self._queue:
-                        continue
+            while self._queue:
                 await self._wait_for_batch()
                 batch = self._take()
-                if not batch:
-                    continue
-                if self._max_in_flight == 1:
+                if batch:
                     await self._compute(batch)
-                else:
-                    running.add(asyncio.create_task(self._compute(batch)))
         finally:
-            for task in running:  # the batcher's task was cancelled (the loop is closing): so are its batches
-                task.cancel()
             self._task = None
-
-    async def _wait_for_room(self, running: set[asyncio.Task[None]]) -> None:
-        """Until a running batch ends, or, with room for another, until the queue holds a full batch."""
-        if len(running) < self._max_in_flight and self._rows >= self._max_batch_size:
-            return
-        waits: list[asyncio.Future[Any]] = [*running]
-        full = None
-        if len(running) < self._max_in_flight:
-            self._full.clear()
-            full = asyncio.ensure_future(self._full.wait())
-            waits.append(full)
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        if full is not None:
-            full.cancel()
 
     async def _wait_for_batch(self) -> None:
         waited = time.perf_counter() - self._queue[0].enqueued

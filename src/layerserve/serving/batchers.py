@@ -41,9 +41,8 @@ class BatchingPlan:
 
 class BatcherTable:
     """Requests with the same input names, outputs and non-batch shapes share one batcher; all of a version's
-    batchers share its queue budget and its model threads. `run` computes one batch (on a model thread, or on
-    the event loop for a full-model call when `is_inline` says so); `in_flight` says how many batches of an
-    input/output set may run at once (the engine's lanes for the full model, else 1)."""
+    batchers share its queue budget and its model thread. `run` computes one batch (on the model thread, or on
+    the event loop for a full-model call when `is_inline` says so)."""
 
     def __init__(
         self,
@@ -54,7 +53,6 @@ class BatcherTable:
         labels: tuple[str, str],
         statistics: VersionStatistics,
         is_inline: Callable[[tuple[str, ...], tuple[str, ...]], bool],
-        in_flight: Callable[[tuple[str, ...], tuple[str, ...]], int] = lambda names, wanted: 1,
     ) -> None:
         self._run = run
         self._thread = thread
@@ -65,7 +63,6 @@ class BatcherTable:
         self._labels = labels
         self._statistics = statistics
         self._is_inline = is_inline
-        self._in_flight = in_flight
         self._batchers: dict[tuple[object, ...], Batcher] = {}
 
     async def submit(
@@ -95,7 +92,7 @@ class BatcherTable:
 
         batcher = Batcher(
             run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, self._labels,
-            self._is_inline(names, wanted), self._statistics, self._in_flight(names, wanted),
+            self._is_inline(names, wanted), self._statistics,
         )  # fmt: skip
         self._batchers[key] = batcher
         return batcher

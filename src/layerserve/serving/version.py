@@ -113,13 +113,11 @@ class ModelVersion:
         self.engine_reason, self._model_digest, self._plan = loaded.engine_reason, loaded.model_digest, loaded.plan
         self._server_bytes = loaded.server_bytes
         self._router = VersionRouter(loaded.engine, loaded.cuts, loaded.graph, self._fail)
-        lanes = loaded.engine.lanes
-        self._thread = ThreadPoolExecutor(lanes, thread_name_prefix=f"model-{self.name}-{self.version}")
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
         router, inline = self._router, loaded.plan.inline
         self._batchers = BatcherTable(
             router.run, self._thread, loaded.plan, settings.request_timeout_ms, (self.name, str(self.version)),
             self.statistics, is_inline=lambda names, wanted: inline and router.is_full_model(names, wanted),
-            in_flight=lambda names, wanted: lanes if router.is_full_model(names, wanted) else 1,
         )  # fmt: skip
 
     @property

@@ -34,9 +34,8 @@ def serve(connection: Connection) -> None:
         except EOFError:  # the server is gone
             return
         if tag == "open":
-            *opening, lanes = body
-            own = [Channel(Connection(reduction.recv_handle(connection))) for _ in range(lanes)]
-            threading.Thread(target=_session, args=(own, *opening), name="session", daemon=True).start()
+            own = Connection(reduction.recv_handle(connection))
+            threading.Thread(target=_session, args=(Channel(own), *body), name="session", daemon=True).start()
         elif tag == "digest":
             try:
                 with _low_priority():
@@ -53,59 +52,32 @@ def serve(connection: Connection) -> None:
             channel.send("error", f"unexpected {tag!r} message")
 
 
-def _session(channels: list[Channel], path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> None:
+def _session(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> None:
     """One version's session: open and warm it up, answer its batches, free it when released (or when the server
-    closes its first connection). Each further connection is a lane served by a thread of its own: its batch is
-    read while another lane's runs, and runs as soon as that one ends (one at a time: each uses all the session's
-    threads)."""
-    first, *others = channels
-    engine = _open(first, path, inputs, threads, rows)
-    running = threading.Lock()
-    lanes = [threading.Thread(target=_lane, args=(lane, engine, running), name="lane", daemon=True)
-             for lane in others if engine is not None]  # fmt: skip
-    for lane in lanes:
-        lane.start()
+    closes its connection)."""
+    engine = _open(channel, path, inputs, threads, rows)
     while engine is not None:
         try:
-            tag, body = first.receive(copy=False)
+            tag, body = channel.receive(copy=False)
         except EOFError:
             break
         if tag == "arrays":
-            _run(first, engine, body, running)
+            _run(channel, engine, body)
         elif tag == "release":
-            for lane in lanes:  # the server closed the other lanes before it released the session
-                lane.join(timeout=10)
             with _low_priority():
                 engine = None  # ORT's destructor: joins the session's threads, returns its memory
                 _trim_heap()
-            first.send("released")
-        else:
-            first.send("error", f"unexpected {tag!r} message")
-        del body
-    for channel in channels:
-        channel.connection.close()
-
-
-def _lane(channel: Channel, engine: OnnxEngine, running: threading.Lock) -> None:
-    """A further lane of a session: answer its batches until the server closes it."""
-    while True:
-        try:
-            tag, body = channel.receive(copy=False)
-        except (EOFError, OSError):
-            return
-        if tag == "arrays":
-            _run(channel, engine, body, running)
+            channel.send("released")
         else:
             channel.send("error", f"unexpected {tag!r} message")
         del body
+    channel.connection.close()
 
 
-def _run(channel: Channel, engine: OnnxEngine, inputs: list[Array], running: threading.Lock) -> None:
-    """Run one batch (once no other lane's runs) and send its outputs, or ORT's message (it raises many kinds) for
-    the request."""
+def _run(channel: Channel, engine: OnnxEngine, inputs: list[Array]) -> None:
+    """Run one batch and send its outputs, or ORT's message (it raises many kinds) for the request."""
     try:
-        with running:
-            results = engine.run(inputs)
+        results = engine.run(inputs)
     except Exception as error:
         channel.send("error", _describe(error))
     else:

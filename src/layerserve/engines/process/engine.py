@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 from layerserve.engines.base import EngineKind
+from layerserve.engines.process.channel import Channel
 from layerserve.engines.process.pool import EngineHost, EngineProcessPool
 from layerserve.errors import EngineProcessError, ModelLoadError
 from layerserve.tensors import Array, TensorSpec
@@ -20,7 +21,6 @@ class ProcessOnnxEngine:
 
     name = EngineKind.ONNX
     in_process = False
-    lanes = 2  # a full batch crosses to the process while the one before it runs
 
     def __init__(
         self, pool: EngineProcessPool, path: Path, inputs: tuple[TensorSpec, ...], threads: int, warmup_rows: int
@@ -32,26 +32,25 @@ class ProcessOnnxEngine:
         """
         self._pool = pool
         self._graph = path.name
+        self._lock = threading.Lock()
         host = pool.take()
         try:
-            channels = host.open_session(path, inputs, threads, warmup_rows, self.lanes)
+            channel = host.open_session(path, inputs, threads, warmup_rows)
         except (EOFError, OSError):
             pool.session_closed(host)
             raise ModelLoadError(host.gone(self._graph)) from None
         try:
-            tag, body = channels[0].receive(copy=True)
+            tag, body = channel.receive(copy=True)
         except (EOFError, OSError):
-            tag, body = "gone", None
-        if tag != "ready":
-            for channel in channels:
-                channel.connection.close()
+            channel.connection.close()
             pool.session_closed(host)
-            if tag == "gone":
-                raise ModelLoadError(host.gone(self._graph))
+            raise ModelLoadError(host.gone(self._graph)) from None
+        if tag != "ready":
+            channel.connection.close()
+            pool.session_closed(host)
             raise ModelLoadError(f"ONNX Runtime could not open {path.name}: {body}")
         self._host: EngineHost | None = host
-        # One lock per lane: a batch holds its lane's channel (and shared memory) until its answer is read.
-        self._lanes = [(threading.Lock(), channel) for channel in channels]
+        self._channel: Channel = channel
         self.session_bytes = int(body)
         host.session_bytes += self.session_bytes
 
@@ -70,51 +69,37 @@ class ProcessOnnxEngine:
         return self.session_bytes, rest // host.sessions
 
     def run(self, inputs: list[Array]) -> list[Array]:
-        """Compute the outputs for one batch, in the engine's process, on a free lane (the first, if none is).
+        """Compute the outputs for one batch, in the engine's process.
 
         Raises:
             EngineProcessError: the process is gone (killed, out of memory, crashed), or the engine closed.
             RuntimeError: ONNX Runtime refused the batch (its message).
         """
-        lock, channel = next(((lock, c) for lock, c in self._lanes if lock.acquire(blocking=False)), (None, None))
-        if lock is None or channel is None:
-            lock, channel = self._lanes[0]
-            lock.acquire()
-        try:
+        with self._lock:
             host = self._host
             if host is None:
                 raise EngineProcessError(f"the engine of {self._graph} is closed")
             try:
-                channel.send_arrays(inputs)
-                tag, body = channel.receive(copy=True)
+                self._channel.send_arrays(inputs)
+                tag, body = self._channel.receive(copy=True)
             except (EOFError, OSError):
                 raise EngineProcessError(host.gone(self._graph)) from None
-        finally:
-            lock.release()
         if tag == "error":
             raise RuntimeError(body)
         results: list[Array] = body
         return results
 
     def close(self) -> None:
-        """Free the session in its process (after the batches it runs); a process left without sessions is kept
+        """Free the session in its process (after the batch it runs); a process left without sessions is kept
         for the next one or stopped, and a stopped process returns all its memory."""
-        for lock, _ in self._lanes:
-            lock.acquire()
-        try:
+        with self._lock:
             host, self._host = self._host, None
             if host is None:
                 return
-            (_, first), *others = self._lanes
-            for _, channel in others:  # the process's lane threads end, then the session is released
-                channel.connection.close()
             with contextlib.suppress(EOFError, OSError):
-                first.send("release")
-                if first.connection.poll(_RELEASE_TIMEOUT_S):
-                    first.receive(copy=True)
-            first.connection.close()
-        finally:
-            for lock, _ in self._lanes:
-                lock.release()
+                self._channel.send("release")
+                if self._channel.connection.poll(_RELEASE_TIMEOUT_S):
+                    self._channel.receive(copy=True)
+            self._channel.connection.close()
         host.session_bytes -= self.session_bytes
         self._pool.session_closed(host)

@@ -60,29 +60,23 @@ class EngineHost:
         finally:
             theirs.close()
 
-    def open_session(
-        self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, rows: int, lanes: int = 1
-    ) -> list[Channel]:
-        """A session's own channels, one per lane (a batch each at a time), once the process has opened it (the
-        first lane's first message answers: ready or error).
+    def open_session(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> Channel:
+        """A session's own channel, once the process has opened it (its first message answers: ready or error).
 
         Raises:
             EOFError, OSError: the process is gone.
         """
-        pipes = [multiprocessing.Pipe() for _ in range(lanes)]
+        ours, theirs = multiprocessing.Pipe()
         try:
             with self._lock:
-                self.channel.send("open", (str(path), inputs, threads, rows, lanes))
-                for _, theirs in pipes:
-                    reduction.send_handle(self.channel.connection, theirs.fileno(), self.process.pid)
+                self.channel.send("open", (str(path), inputs, threads, rows))
+                reduction.send_handle(self.channel.connection, theirs.fileno(), self.process.pid)
         except BaseException:
-            for ours, _ in pipes:
-                ours.close()
+            ours.close()
             raise
         finally:
-            for _, theirs in pipes:
-                theirs.close()
-        return [Channel(ours) for ours, _ in pipes]
+            theirs.close()
+        return Channel(ours)
 
     def digest(self, path: Path) -> tuple[str, str]:
         """(tag, body) of hashing the file in the process: ("digest", hex) or ("error", message).
