@@ -87,12 +87,10 @@ SERVED_BY: ContextVar[tuple[str, int] | None] = ContextVar("served_by", default=
 
 
 def set_model_state(name: str, version: int, state: str | None) -> None:
-    """Record a version's state (None: unloaded: its own series go, so that versions that come and go do not pile
-    up series) for /metrics."""
+    """Record a version's state (None: unloaded) for /metrics."""
     if state is None:
-        for metric in _VERSION_SERIES:
-            with contextlib.suppress(KeyError):
-                metric.remove(name, str(version))
+        with contextlib.suppress(KeyError):
+            QUEUED.remove(name, str(version))
         for part in _MEMORY_PARTS:
             with contextlib.suppress(KeyError):
                 VERSION_MEMORY_BYTES.remove(name, str(version), part)
@@ -105,9 +103,6 @@ def set_model_state(name: str, version: int, state: str | None) -> None:
 
 
 _MEMORY_PARTS = ("server", "session", "process_share", "cuts", "total")
-# Series labelled (model, version) alone, made by a loaded version and its batchers; the request counters stay.
-_VERSION_SERIES = (QUEUED, BATCH_SIZE, QUEUE_SECONDS, COMPUTE_SECONDS, BATCH_ISOLATIONS, REQUESTS_CANCELLED,
-                   MODEL_LOAD_SECONDS)  # fmt: skip
 
 
 def set_version_memory(name: str, version: int, memory: dict[str, int]) -> None:
