@@ -9,7 +9,6 @@ The same as `layerserve bench URL --model efficientnet_lite0 --workload image --
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from pathlib import Path
@@ -19,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server, sample_jpeg
 from layerserve.bench.generator import BenchOptions, print_report, run_bench
-from results import arguments, bench_tables, write_result
+from results import arguments, bench_tables, load_parser, write_result
 
 
 def render(result: dict[str, Any]) -> str:
@@ -29,12 +28,8 @@ def render(result: dict[str, Any]) -> str:
 
 def main() -> None:
     """Run the benchmark and print the report (and write it as JSON with `--json`)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration-s", type=float, default=10.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser = load_parser(__doc__, 8767, [1, 8, 32])
     parser.add_argument("--plot", type=Path, default=None)
-    parser.add_argument("--port", type=int, default=8767)
-    parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args()
     photo = sample_jpeg(Path(tempfile.mkdtemp()) / "chelsea.jpg")
     with demo_server(args.port) as (url, repository):

@@ -17,7 +17,7 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,7 +320,7 @@ class Preparer:
         try:
             result: dict[str, Any] = pool.submit(function, *args).result()
             return result
-        except BrokenProcessPool:
+        except (BrokenProcessPool, CancelledError):  # cancelled: `close` came before the child took the job
             with self._lock:
                 if self._pool is pool:
                     self._pool = None
