@@ -204,6 +204,8 @@ class LayerGraph:
         else:
             defaults = self.signature.inputs if role == "input" else self.signature.outputs
             hint = f"the model's {role}s are: {', '.join(s.name for s in defaults)}"
+            if not self.unavailable_reason:
+                hint += f", or any layer by name (its /layers route lists all {len(self.names)})"
         if self.unavailable_reason:
             hint += f" (layer outputs unavailable: {self.unavailable_reason})"
         return f"unknown {role} '{name}'; {hint}"
