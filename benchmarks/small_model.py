@@ -1,6 +1,6 @@
 """Small models against the bare HTTP stack: the token classifier over V2 binary and V2 JSON, and a text model's
-`/classify`, one row per request, each next to the same stack (uvicorn, uvloop, httptools, Starlette) answering a
-constant.
+`/classify`, one row per request, each next to the same stack (uvicorn, uvloop, httptools and the server's protocol,
+Starlette) answering a constant.
 
     .venv/bin/python benchmarks/small_model.py [--duration-s 10] [--concurrency 1 8 32] [--json PATH]
 

@@ -17,6 +17,7 @@ import uvicorn
 from layerserve import create_app
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
+from layerserve.transports.http.server import uvicorn_options
 
 
 def free_port() -> int:
@@ -60,9 +61,8 @@ def start_server(settings: Settings, ready_timeout_s: float = 180, grpc: bool = 
     """
     port, grpc_port = free_port(), free_port() if grpc else 0
     app = create_app(Runtime(settings.model_copy(update={"grpc_port": grpc_port})))
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=settings.keep_alive_timeout_s
-    )
+    options = uvicorn_options(settings) | {"host": "127.0.0.1", "port": port, "log_level": "warning"}
+    config = uvicorn.Config(app, **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

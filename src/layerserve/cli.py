@@ -58,6 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
     from layerserve.lifecycle.worker_board import FOLDER_VARIABLE
     from layerserve.runtime import Runtime
     from layerserve.transports.http.app import SETTINGS_VARIABLE, create_app
+    from layerserve.transports.http.server import uvicorn_options
 
     settings = _settings(args, model_repository=args.repository)
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
@@ -67,14 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler it found: make that
     # handler a no-op so that a clean shutdown exits with status 0, as process supervisors expect.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    options: dict[str, Any] = {
-        "host": settings.host, "port": settings.port, "log_level": settings.log_level, "log_config": None,
-        "loop": "uvloop", "http": "httptools", "access_log": False, "proxy_headers": False,
-        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
-        # Longer than clients' own keep-alive expiry (httpx: 5 s, uvicorn's default too): when the server closes
-        # an idle connection first, a request the client sends on it at that moment is reset.
-        "timeout_keep_alive": settings.keep_alive_timeout_s,
-    }  # fmt: skip
+    options = uvicorn_options(settings)
     if settings.workers == 1:
         uvicorn.run(create_app(Runtime(settings)), **options)
         return 0

@@ -1,6 +1,6 @@
-"""The bare baselines of `layerserve bench`: the same HTTP stack (uvicorn, uvloop, httptools, Starlette) answering
-every POST with a constant, and the same gRPC stack (grpc.aio on uvloop) answering every ModelInfer with a constant,
-to show what the stack alone costs."""
+"""The bare baselines of `layerserve bench`: the same HTTP stack (uvicorn, uvloop, httptools with the server's own
+protocol, Starlette) answering every POST with a constant, and the same gRPC stack (grpc.aio on uvloop) answering
+every ModelInfer with a constant, to show what the stack alone costs."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def bare_app() -> Starlette:
 def _serve(port: int) -> None:
     import uvicorn
 
-    uvicorn.run(bare_app(), host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools",
+    from layerserve.transports.http.server import HttpProtocol  # the server's own protocol: one write an answer
+
+    uvicorn.run(bare_app(), host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http=HttpProtocol,
                 access_log=False)  # fmt: skip
 
 

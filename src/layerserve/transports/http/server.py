@@ -1,0 +1,93 @@
+"""How uvicorn runs the app: its options (`uvicorn_options`) and HttpProtocol, uvicorn's httptools protocol whose
+answers leave in one send instead of two.
+
+uvicorn writes an answer's status line and headers as soon as the app sends `http.response.start`, then the body
+at `http.response.body`: two `send` system calls, and on loopback two TCP segments, per answer; for a small model
+they were the largest single cost of a request (docs/design.md). `CoalescingTransport` holds a write until the
+next one, or until the event loop's next turn if none comes first, and sends both with one `writelines` (one
+`writev` in uvloop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from layerserve.settings import Settings
+
+
+class CoalescingTransport:
+    """A transport whose writes leave in pairs: a write waits for the next one, or for the loop's next turn.
+
+    Everything but `write`, `writelines`, `close` and `write_eof` is the wrapped transport's own; those flush the
+    held write first, so that nothing is reordered or lost.
+    """
+
+    __slots__ = ("_flush_handle", "_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._flush_handle: asyncio.Handle | None = None
+
+    def write(self, data: bytes) -> None:
+        """Hold `data` if nothing is held; else send the held data and `data` together."""
+        held = self._held
+        if held is None:
+            self._held = data
+            if self._flush_handle is None:
+                self._flush_handle = self._loop.call_soon(self._flush_soon)
+            return
+        self._held = None
+        self._transport.writelines((held, data))
+
+    def writelines(self, chunks: Any) -> None:
+        """Send what is held, then `chunks`, in one call."""
+        held, self._held = self._held, None
+        self._transport.writelines((held, *chunks) if held is not None else chunks)
+
+    def flush(self) -> None:
+        """Send what is held now."""
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def _flush_soon(self) -> None:
+        self._flush_handle = None
+        self.flush()
+
+    def write_eof(self) -> None:
+        """Flush, then close the write side."""
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        """Flush, then close (the transport sends what it buffered before it closes)."""
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol over a `CoalescingTransport` (the server's `http` option)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Wrap the connection's transport, then set up the connection as uvicorn does."""
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """The options `uvicorn.run` / `uvicorn.Config` serve the app with (host, port, loop, protocol, timeouts)."""
+    return {
+        "host": settings.host, "port": settings.port, "log_level": settings.log_level, "log_config": None,
+        "loop": "uvloop", "http": f"{__name__}:HttpProtocol", "access_log": False, "proxy_headers": False,
+        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+        # Longer than clients' own keep-alive expiry (httpx: 5 s, uvicorn's default too): when the server closes
+        # an idle connection first, a request the client sends on it at that moment is reset.
+        "timeout_keep_alive": settings.keep_alive_timeout_s,
+    }  # fmt: skip
