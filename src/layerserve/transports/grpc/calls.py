@@ -1,11 +1,10 @@
-"""CallGuard: what ObserveMiddleware, AuthMiddleware and the error handler do for HTTP, done for one gRPC call:
+"""CallGuard: what RequestBoundary, AuthMiddleware and the error handler do for HTTP, done for one gRPC call:
 tokens, the versions the call holds, request metrics, the access log, our errors as status codes."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
@@ -14,10 +13,9 @@ from typing import Any, TypeAlias, TypeVar
 import grpc
 
 from layerserve.errors import LayerserveError, PermissionDeniedError, UnauthenticatedError
-from layerserve.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS, SERVED_BY
+from layerserve.metrics import IN_FLIGHT, SERVED_BY
 from layerserve.transports.http.middleware import log_internal_error
-
-access_log = logging.getLogger("layerserve.access")
+from layerserve.transports.request_record import RequestRecorder
 
 SERVICE_PATH = "/inference.GRPCInferenceService"
 
@@ -71,8 +69,7 @@ class CallGuard:
     def __init__(self, admin_token: str | None, api_token: str | None, log_requests: bool) -> None:
         self._admin = admin_token.encode() if admin_token else None
         self._api = api_token.encode() if api_token else None
-        self._log_requests = log_requests
-        self._children: dict[tuple[str, str, str, str], tuple[Any, Any]] = {}
+        self._recorder = RequestRecorder(log_requests)
         self._names: dict[str, tuple[str, str]] = {}  # method: (route, path)
         # Whether each kind of call needs a token at all: when none is configured its metadata is never read.
         self._needs_token = {
@@ -141,24 +138,8 @@ class CallGuard:
 
     def record(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         """Count and time one answered call (or stream message) and write its access log line."""
-        served = SERVED_BY.get()
-        model, version = (served[0], str(served[1])) if served else ("", "")
         names = self._names.get(method)
         if names is None:
             names = self._names[method] = f"grpc.{method}", f"{SERVICE_PATH}/{method}"
         route, path = names
-        status = code.name
-        key = (model, version, route, status)
-        children = self._children.get(key)
-        if children is None:
-            children = REQUESTS.labels(model, version, route, status), REQUEST_SECONDS.labels(model, route)
-            self._children[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
-        if self._log_requests:
-            access_log.info(
-                "GRPC %s route=%s model=%s version=%s status=%s %.2fms",
-                path, route, model or "-", version or "-", status, seconds * 1000,
-                extra={"route": route, "model": model, "version": version, "status": status,
-                       "method": "GRPC", "path": path, "latency_ms": round(seconds * 1000, 3)},
-            )  # fmt: skip
+        self._recorder.record("GRPC", path, route, code.name, seconds)

@@ -14,8 +14,10 @@ from types import FrameType
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from layerserve.errors import LayerserveError
 from layerserve.gpu import apply_settings
@@ -39,14 +41,9 @@ from layerserve.transports.http import (
     v2_routes,
 )
 from layerserve.transports.http.bodies import JSONResponse, error_response
-from layerserve.transports.http.disconnect import CancelOnDisconnectMiddleware
+from layerserve.transports.http.boundary import RequestBoundary
 from layerserve.transports.http.infer_lane import InferLane
-from layerserve.transports.http.middleware import (
-    AuthMiddleware,
-    CompressMiddleware,
-    InternalErrorMiddleware,
-    ObserveMiddleware,
-)
+from layerserve.transports.http.middleware import AuthMiddleware, CompressMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +82,9 @@ def _turn_unready_on_sigterm(draining: threading.Event) -> None:
 
 
 def _middleware(settings: Settings) -> list[Middleware]:
-    """Outermost first: metrics and access log, cancelling requests whose client left, the boundary of unexpected
-    errors, tokens, compression, and the infer requests' lane past the router."""
-    middleware = [
-        Middleware(ObserveMiddleware, log_requests=settings.access_log),
-        Middleware(CancelOnDisconnectMiddleware),
-        Middleware(InternalErrorMiddleware),
-    ]
+    """Outermost first: the request boundary (metrics and access log, cancelling requests whose client left,
+    unexpected errors), tokens, compression, and the infer requests' lane past the router."""
+    middleware = [Middleware(RequestBoundary, log_requests=settings.access_log)]
     if settings.admin_token or settings.api_token:
         middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
     if settings.compress_min_bytes:
@@ -115,6 +108,17 @@ async def _grpc_door(runtime: Runtime) -> AsyncIterator[None]:
         yield
     finally:
         await door.stop(settings.shutdown_timeout_s)
+
+
+class LayerserveApp(Starlette):
+    """Starlette without its outermost ServerErrorMiddleware: RequestBoundary is the one boundary of unexpected
+    errors, so Starlette's (which re-raises after answering) would only add a frame to every request."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        """Starlette's middleware stack less its first layer."""
+        stack = super().build_middleware_stack()
+        assert isinstance(stack, ServerErrorMiddleware), "Starlette's outermost middleware changed"
+        return stack.app
 
 
 def app_from_environment() -> Starlette:
@@ -144,7 +148,7 @@ def create_app(runtime: Runtime) -> Starlette:
         finally:
             await runtime.close()
 
-    app = Starlette(
+    app = LayerserveApp(
         routes=[
             *v2_routes.infer_routes,
             *triton_routes.routes,  # first: `/v2/models/stats` before `/v2/models/{model}`

@@ -1,5 +1,5 @@
-"""ASGI middleware: the boundary of unexpected errors, bearer-token auth, request metrics with the access log,
-and compressed answers."""
+"""ASGI middleware: bearer-token auth and compressed answers; the one logging of an unexpected error (see
+boundary.py for the outermost middleware)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,12 @@ import hmac
 import logging
 import re
 import secrets
-import time
 import zlib
-from typing import Any
 
 import orjson
 from starlette.middleware.gzip import GZipMiddleware, GZipResponder
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from layerserve.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS, SERVED_BY
-
-access_log = logging.getLogger("layerserve.access")
 log = logging.getLogger(__name__)
 
 _MANAGEMENT = re.compile(
@@ -26,7 +21,8 @@ _MANAGEMENT = re.compile(
 _PUBLIC = re.compile(r"^/v2/health/|^/console(/|$)|^/$")  # the console's page and files hold no data
 
 
-async def _refuse(send: Send, status: int, message: str) -> None:
+async def refuse(send: Send, status: int, message: str) -> None:
+    """Answer `{"error": message}` with `status` (and, for 401, the Bearer challenge)."""
     body = orjson.dumps({"error": message})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
@@ -42,39 +38,7 @@ def log_internal_error(scope: Scope, error: BaseException) -> str:
     return f"internal error {error_id}"
 
 
-class InternalErrorMiddleware:
-    """The one boundary of unexpected exceptions: a 500 `{"error": "internal error <id>"}`, logged once.
-
-    Nothing is re-raised, so the server keeps the kept-alive connection open (Starlette's own last handler
-    re-raises after answering, which makes uvicorn log the error again and drop the connection). An error
-    after the answer began cannot be answered: it is logged and the connection is closed by the server.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on; answer 500 for whatever escapes it."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_and_see(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_see)
-        except Exception as error:
-            message = log_internal_error(scope, error)
-            if not started:
-                await _refuse(send, 500, message)
-
-
-def _header(scope: Scope, wanted: bytes) -> bytes:
+def header_value(scope: Scope, wanted: bytes) -> bytes:
     """The first value of a header (ASGI names are lower-case), or b"" (cheaper than building Headers)."""
     for name, value in scope["headers"]:
         if name == wanted:
@@ -115,73 +79,14 @@ class AuthMiddleware:
             token = _bearer(scope)
             kind = "an admin" if is_management else "an API"
             if not token:
-                await _refuse(send, 401, f"this route needs {kind} token: send 'Authorization: Bearer <token>'")
+                await refuse(send, 401, f"this route needs {kind} token: send 'Authorization: Bearer <token>'")
                 return
             # Every candidate is compared, so the time taken does not tell which one came close.
             matches = [hmac.compare_digest(token, candidate) for candidate in accepted]
             if not any(matches):
-                await _refuse(send, 403, f"the bearer token is not {kind} token of this server")
+                await refuse(send, 403, f"the bearer token is not {kind} token of this server")
                 return
         await self.app(scope, receive, send)
-
-
-class ObserveMiddleware:
-    """Counts and times every request by model, version, route and status; writes the access log."""
-
-    def __init__(self, app: ASGIApp, log_requests: bool) -> None:
-        self.app = app
-        self._log_requests = log_requests
-        # Metric children by labels: `.labels()` costs microseconds on every request otherwise.
-        self._children: dict[tuple[str, str, str, int], tuple[Any, Any]] = {}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Answer the request, then record it."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def send_and_see(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        SERVED_BY.set(None)
-        IN_FLIGHT.inc()
-        try:
-            await self.app(scope, receive, send_and_see)
-        finally:
-            IN_FLIGHT.dec()
-            self._record(scope, status, time.perf_counter() - started)
-
-    def _record(self, scope: Scope, status: int, seconds: float) -> None:
-        served = SERVED_BY.get()
-        model, version = (served[0], str(served[1])) if served else ("", "")
-        route = _route_name(scope.get("endpoint"))
-        key = (model, version, route, status)
-        children = self._children.get(key)
-        if children is None:
-            children = REQUESTS.labels(model, version, route, str(status)), REQUEST_SECONDS.labels(model, route)
-            self._children[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
-        if self._log_requests:
-            access_log.info(
-                "%s %s route=%s model=%s version=%s status=%d %.2fms",
-                scope["method"], scope["path"], route, model or "-", version or "-", status, seconds * 1000,
-                extra={"route": route, "model": model, "version": version, "status": status,
-                       "method": scope["method"], "path": scope["path"], "latency_ms": round(seconds * 1000, 3)},
-            )  # fmt: skip
-
-
-def _route_name(endpoint: Any) -> str:
-    """`v2.infer`, `tfserving.predict`, ...: the module and function that answered; `none` if no route did."""
-    if endpoint is None:
-        return "none"
-    module = getattr(endpoint, "__module__", "").rsplit(".", 1)[-1].removesuffix("_routes")
-    return f"{module}.{getattr(endpoint, '__name__', 'endpoint')}"
 
 
 class _DeflateResponder(GZipResponder):
@@ -203,7 +108,7 @@ class CompressMiddleware(GZipMiddleware):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pick the encoding the client accepts, then answer."""
-        accepted = _header(scope, b"accept-encoding").decode("latin-1") if scope["type"] == "http" else ""
+        accepted = header_value(scope, b"accept-encoding").decode("latin-1") if scope["type"] == "http" else ""
         if "gzip" not in accepted and "deflate" not in accepted:  # nothing to do: no responder wraps the answer
             await self.app(scope, receive, send)
             return

@@ -1,0 +1,39 @@
+"""RequestRecorder: every door's request metrics and access log line, by model, version, route and status."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from layerserve.metrics import REQUEST_SECONDS, REQUESTS, SERVED_BY
+
+access_log = logging.getLogger("layerserve.access")
+
+
+class RequestRecorder:
+    """Counts and times answered requests (`layerserve_requests_total`, `layerserve_request_seconds`) and writes their
+    access log line (when `log_requests`); the model and version are those the request was served by (SERVED_BY)."""
+
+    def __init__(self, log_requests: bool) -> None:
+        self._log_requests = log_requests
+        # Metric children by labels: `.labels()` costs microseconds on every request otherwise.
+        self._children: dict[tuple[str, str, str, int | str], tuple[Any, Any]] = {}
+
+    def record(self, method: str, path: str, route: str, status: int | str, seconds: float) -> None:
+        """One answered request: `status` is an HTTP status code or a gRPC status name."""
+        served = SERVED_BY.get()
+        model, version = (served[0], str(served[1])) if served else ("", "")
+        key = (model, version, route, status)
+        children = self._children.get(key)
+        if children is None:
+            children = REQUESTS.labels(model, version, route, str(status)), REQUEST_SECONDS.labels(model, route)
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+        if self._log_requests:
+            access_log.info(
+                "%s %s route=%s model=%s version=%s status=%s %.2fms",
+                method, path, route, model or "-", version or "-", status, seconds * 1000,
+                extra={"route": route, "model": model, "version": version, "status": status,
+                       "method": method, "path": path, "latency_ms": round(seconds * 1000, 3)},
+            )  # fmt: skip
