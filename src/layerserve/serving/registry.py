@@ -38,10 +38,11 @@ class ModelEntry:
     @property
     def active_version(self) -> int | None:
         """The version requests without one get: the pinned one if it is ready, else the newest ready."""
-        ready = self.ready_versions
-        if self.pinned in ready:
+        # Every request asks this: no sorted list of the ready versions.
+        pinned = self.versions.get(self.pinned) if self.pinned is not None else None
+        if pinned is not None and pinned.is_ready:
             return self.pinned
-        return ready[-1] if ready else None
+        return max((number for number, version in self.versions.items() if version.is_ready), default=None)
 
 
 class Lease:

@@ -21,6 +21,8 @@ from layerserve.messages import RequestedOutput
 from layerserve.serving.layers import LayerGraph
 from layerserve.tensors import Array, TensorSpec, check_against_spec, check_batch_sizes, datatype_of
 
+_UNSIGNED = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}  # integer width -> the unsigned dtype of it
+
 
 def check_input(
     name: str, datatype: str, shape: tuple[int, ...], graph: LayerGraph, encoded_input: str | None
@@ -131,7 +133,7 @@ class RequestChecks:
             if array is None or array.dtype.kind not in "iuf" or array.size == 0:
                 continue
             if array.dtype.kind in "iu":  # one reduction: seen unsigned, a negative value is past any size
-                if array.view(array.dtype.str.replace("i", "u")).max() < size:
+                if np.maximum.reduce(array.view(_UNSIGNED[array.dtype.itemsize]), axis=None) < size:
                     continue
             elif array.min() >= 0 and array.max() < size:
                 continue

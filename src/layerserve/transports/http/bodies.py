@@ -31,12 +31,19 @@ async def read_body(request: Request, limit: int) -> bytes:
         BadRequestError: the Content-Length header is not an integer, or the compressed data is corrupt.
         UnsupportedMediaTypeError: another Content-Encoding.
     """
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    # The scope's own header list, not Starlette's Headers (built per request, a few microseconds).
+    announced, coding = None, b""
+    for name, value in request.scope["headers"]:
+        if name == b"content-length":
+            announced = value.decode("latin-1")
+        elif name == b"content-encoding":
+            coding = value
+    encoding = coding.decode("latin-1").strip().lower() or "identity"
     if encoding not in _WBITS and encoding != "identity":
         raise UnsupportedMediaTypeError(
             f"Content-Encoding {encoding!r} is not supported; expected gzip, deflate or identity"
         )
-    raw = await _read_raw(request, limit)
+    raw = await _read_raw(request, announced, limit)
     if encoding not in _WBITS or not raw:
         return raw
     if len(raw) < _THREAD_MIN_BYTES:
@@ -70,8 +77,7 @@ def _decompress(data: bytes, encoding: str, limit: int) -> bytes:
     return b"".join(parts)
 
 
-async def _read_raw(request: Request, limit: int) -> bytes:
-    announced = request.headers.get("content-length")
+async def _read_raw(request: Request, announced: str | None, limit: int) -> bytes:
     if announced is not None:
         if not (announced.isascii() and announced.isdigit()):
             raise BadRequestError(f"Content-Length must be an integer, got {announced!r}")

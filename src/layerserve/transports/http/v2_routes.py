@@ -11,6 +11,9 @@ from layerserve.dataplane import DataPlane
 from layerserve.protocols import triton, v2
 from layerserve.serving.version import VersionState
 from layerserve.transports.http.bodies import JSONResponse, read_body
+from layerserve.transports.http.middleware import header_value
+
+_HEADER_LENGTH = v2.HEADER_LENGTH.encode()
 
 
 def parse_version(request: Request) -> int | None:
@@ -62,7 +65,7 @@ async def infer(request: Request) -> Response:
     runtime = request.app.state.runtime
     body = await read_body(request, runtime.settings.max_body_bytes)
     async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
-        header_length = request.headers.get(v2.HEADER_LENGTH)
+        header_length = header_value(request.scope, _HEADER_LENGTH).decode("latin-1") or None
         parsed = v2.parse_infer_request(body, header_length, version.name, version.version, version.checks.declared)
         content, length = v2.encode_infer_response(parsed, await runtime.data.infer_on(version, parsed))
         if length is None:
