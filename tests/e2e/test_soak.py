@@ -1,5 +1,6 @@
-"""Ninety seconds of the soak benchmark (benchmarks/soak.py) against `layerserve serve --workers 2`: mixed load,
-a new version every 5 s, Redis restarted twice, a training job; nothing fails and no serving process grows."""
+"""A minute of the soak benchmark (benchmarks/soak.py) against `layerserve serve --workers 2`: mixed load, a new
+version every 5 s, Redis restarted twice, a training job; nothing fails and no serving process grows. (The
+benchmark itself runs for 30 minutes by default; this is its smoke test, sized for CI's time.)"""
 
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ from soak import KINDS, SERVING_ROLES, SoakOptions, run_soak
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_ninety_seconds_of_mixed_load(demo_repository: Path, tmp_path: Path) -> None:
+def test_a_minute_of_mixed_load(demo_repository: Path, tmp_path: Path) -> None:
     options = SoakOptions(
-        duration_s=90, new_version_every_s=5, redis_restarts=2, train_rows=20, train_epochs=1,
-        train_at_fraction=0.1, warmup_s=30, repository=demo_repository, work_dir=tmp_path,
+        duration_s=60, new_version_every_s=5, redis_restarts=2, train_rows=20, train_epochs=1,
+        train_at_fraction=0.1, warmup_s=20, repository=demo_repository, work_dir=tmp_path,
     )  # fmt: skip
     report = run_soak(options)
     assert report.failure_count == 0, report.failures[:5]
     for kind in KINDS:
         assert report.ok_count(kind) > 0, (kind, report.counts)
     assert [e["event"] for e in report.events].count("redis restarted") == 2
-    assert report.versions_created >= 12
+    assert report.versions_created >= 8
     assert len(report.versions["v2_json"]) > 5  # new versions were served, not only copied in
     serving = [p for p in report.processes if p.role in SERVING_ROLES and p.growth_mb is not None]
     assert {p.role for p in serving} >= {"supervisor", "worker", "engine process"}
