@@ -42,8 +42,8 @@ from layerserve.transports.http import (
 )
 from layerserve.transports.http.bodies import JSONResponse, error_response
 from layerserve.transports.http.boundary import RequestBoundary
-from layerserve.transports.http.infer_lane import InferLane
 from layerserve.transports.http.middleware import AuthMiddleware, CompressMiddleware
+from layerserve.transports.http.model_lane import ModelLane
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +83,14 @@ def _turn_unready_on_sigterm(draining: threading.Event) -> None:
 
 def _middleware(settings: Settings) -> list[Middleware]:
     """Outermost first: the request boundary (metrics and access log, cancelling requests whose client left,
-    unexpected errors), tokens, compression, and the infer requests' lane past the router."""
+    unexpected errors), tokens, compression, and the lane of a model's infer, classify and features requests past the
+    router."""
     middleware = [Middleware(RequestBoundary, log_requests=settings.access_log)]
     if settings.admin_token or settings.api_token:
         middleware.append(Middleware(AuthMiddleware, admin_token=settings.admin_token, api_token=settings.api_token))
     if settings.compress_min_bytes:
         middleware.append(Middleware(CompressMiddleware, minimum_size=settings.compress_min_bytes, compresslevel=1))
-    middleware.append(Middleware(InferLane))
+    middleware.append(Middleware(ModelLane))
     return middleware
 
 
