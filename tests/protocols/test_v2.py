@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import struct
+import weakref
 
 import numpy as np
 import orjson
@@ -11,7 +13,7 @@ import pytest
 from layerserve.errors import BadRequestError
 from layerserve.lifecycle.model import Signature
 from layerserve.messages import InferRequest, InferResponse
-from layerserve.protocols.v2 import encode_infer_response, parse_infer_request
+from layerserve.protocols.v2 import HeaderTemplates, encode_infer_response, parse_infer_request
 from layerserve.serving.layers import LayerGraph
 from layerserve.serving.request_checks import RequestChecks
 from layerserve.tensors import DATATYPE_TO_DTYPE, TensorSpec
@@ -103,3 +105,74 @@ def test_errors_name_the_problem() -> None:
         _checked(header + struct.pack("<I", 99) + b"abcd", str(len(header)), bytes_signature)
     with pytest.raises(BadRequestError, match="runs past the binary data"):
         _checked(header + b"abc", str(len(header)), bytes_signature)
+
+
+class _Owner:
+    """A version, as far as HeaderTemplates is concerned: an object a template belongs to."""
+
+
+def _binary_request(x: np.ndarray, extra: dict[str, object] | None = None) -> tuple[bytes, str]:
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}
+    header = orjson.dumps({"inputs": [tensor], "outputs": [{"name": "y", "parameters": {"classification": 2}}],
+                           "parameters": {"timeout_ms": 50, "cache": False}, **(extra or {})})  # fmt: skip
+    return header + x.tobytes(), str(len(header))
+
+
+class _CountingCheck:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        self.calls += 1
+
+
+def test_a_header_seen_before_is_parsed_once_and_gives_the_same_request() -> None:
+    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.normal(size=(2, 4)).astype(np.float32)
+        body, length = _binary_request(x)
+        parsed = templates.parse(body, length, owner, "m", 2, check)
+        reference = parse_infer_request(body, length, "m", 2)
+        np.testing.assert_array_equal(parsed.inputs["x"], x)
+        assert parsed.inputs["x"].dtype == np.float32 and parsed.inputs["x"].shape == (2, 4)
+        assert (parsed.model, parsed.version, parsed.requested, parsed.timeout_ms, parsed.use_cache) == (
+            reference.model, reference.version, reference.requested, reference.timeout_ms, reference.use_cache
+        )  # fmt: skip
+    assert check.calls == 1  # the header was parsed and checked by the first request only
+
+
+def test_another_owner_a_short_body_an_id_or_json_data_are_parsed_in_full() -> None:
+    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+    x = np.ones((1, 4), np.float32)
+    body, length = _binary_request(x)
+    templates.parse(body, length, owner, "m", 1, check)
+    templates.parse(body, length, _Owner(), "m", 1, check)  # another version: its own checks
+    assert check.calls == 2
+    with pytest.raises(BadRequestError, match="binary_data_size 16 runs past the binary data"):
+        templates.parse(body[:-4], length, owner, "m", 1, check)  # the same header, data missing: the parse's error
+    with_id, id_length = _binary_request(x, {"id": "r1"})
+    templates.parse(with_id, id_length, owner, "m", 1, check)
+    templates.parse(with_id, id_length, owner, "m", 1, check)
+    json_data = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    for value in (1, 2):  # the header is the whole body: never a template, each request its own data
+        body = json_data.replace(b"[1,2,3,4]", f"[{value},2,3,4]".encode())
+        assert templates.parse(body, str(len(body)), owner, "m", 1, check).inputs["x"][0, 0] == value
+    assert check.calls == 2 + 1 + 2 + 2
+
+
+def test_templates_are_bounded_and_die_with_their_owner() -> None:
+    templates, check = HeaderTemplates(size=2), _CountingCheck()
+    owner = _Owner()
+    bodies = [_binary_request(np.zeros((rows, 4), np.float32)) for rows in (1, 2, 3)]
+    for body, length in bodies:
+        templates.parse(body, length, owner, "m", 1, check)
+    templates.parse(*bodies[0], owner, "m", 1, check)  # the oldest was dropped: parsed again
+    templates.parse(*bodies[2], owner, "m", 1, check)  # still kept
+    assert check.calls == 4
+    alive = weakref.ref(owner)
+    del owner  # a retired version: the templates do not keep it alive
+    gc.collect()
+    assert alive() is None
+    templates.parse(*bodies[2], _Owner(), "m", 1, check)
+    assert check.calls == 5

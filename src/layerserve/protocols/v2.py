@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 import struct
 import sys
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -218,6 +221,16 @@ def parse_infer_request(
     Raises:
         BadRequestError: naming the bad field or input and what was expected.
     """
+    return _parse_infer_request(body, header_length, model, version, check)[0]
+
+
+_Layout = list[tuple[str, int, int, bool]]  # per input: its name, where its binary data starts and ends, whether JSON
+
+
+def _parse_infer_request(
+    body: bytes, header_length: str | None, model: str, version: int | None, check: CheckDeclared | None
+) -> tuple[InferRequest, _Layout, bool]:
+    """`parse_infer_request`, with where each input's data was and whether the header has an `id`."""
     header, binary = split_body(body, header_length)
     request = load_json_object(header, "the request body")
     raw_inputs = request.get("inputs")
@@ -225,17 +238,20 @@ def parse_infer_request(
         raise BadRequestError("'inputs' must be a non-empty list")
     inputs: dict[str, Array] = {}
     as_text: set[str] = set()
+    layout: _Layout = []
     offset = 0
     for item in raw_inputs:
-        name, array, offset, is_json = _decode_input(item, binary, offset, check)
+        name, array, end, is_json = _decode_input(item, binary, offset, check)
         if name in inputs:
             raise BadRequestError(f"input '{name}' is given twice")
         inputs[name] = array
+        layout.append((name, offset, end, is_json))
+        offset = end
         if is_json and array.dtype == object:
             as_text.add(name)
     request_id = request.get("id")
     parameters = _parameters(request, "request")
-    return InferRequest(
+    parsed = InferRequest(
         model=model,
         inputs=inputs,
         outputs=_requested_outputs(request.get("outputs")),
@@ -245,6 +261,93 @@ def parse_infer_request(
         use_cache=parameters.get("cache", True) is not False,
         binary_output=bool(parameters.get("binary_data_output", False)),
         base64_inputs=frozenset(as_text),
+    )
+    return parsed, layout, request_id is not None
+
+
+@dataclass(frozen=True)
+class _Template:
+    """A V2 binary request's JSON header, parsed and checked once: each input's name, dtype, shape and place in the
+    binary data, and the rest of the request (outputs, parameters)."""
+
+    inputs: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int, int], ...]  # name, dtype, shape, count, offset
+    end: int  # where the last input's data ends
+    outputs: tuple[RequestedOutput, ...]
+    timeout_ms: int | None
+    use_cache: bool
+    binary_output: bool
+
+    def apply(self, binary: bytes, model: str, version: int | None) -> InferRequest:
+        """The request whose binary data is `binary` (at least `end` bytes long)."""
+        inputs = {
+            name: np.frombuffer(binary, dtype, count, offset).reshape(shape)
+            for name, dtype, shape, count, offset in self.inputs
+        }
+        return InferRequest(
+            model, inputs, self.outputs, version, None, self.timeout_ms, self.use_cache, self.binary_output
+        )
+
+
+class HeaderTemplates:
+    """Parses V2 infer requests, skipping the JSON header's parse and checks for a header seen before.
+
+    Clients send the same header for every request of one shape (names, datatypes, shapes, binary sizes, outputs);
+    only the binary data differs. A header whose inputs all come as binary numbers (no JSON data, no BYTES) and that
+    has no `id` is kept as a template, with the version whose checks it passed (`owner`, weakly referenced); the
+    next request with the same header bytes for the same owner takes its arrays straight from the binary data.
+    Anything else (a new header, another version, too little binary data) is parsed by `parse_infer_request`,
+    errors included. At most `size` headers are kept, the least recently used dropped first.
+    """
+
+    def __init__(self, size: int = 256, max_header_bytes: int = 8192) -> None:
+        self._size = size
+        self._max_header_bytes = max_header_bytes
+        # Header -> (a weak reference to its owner, its template): a retired version is not kept alive by it.
+        self._templates: OrderedDict[bytes, tuple[weakref.ref[Any], _Template]] = OrderedDict()
+
+    def parse(
+        self,
+        body: bytes,
+        header_length: str | None,
+        owner: object,
+        model: str = "",
+        version: int | None = None,
+        check: CheckDeclared | None = None,
+    ) -> InferRequest:
+        """`parse_infer_request` for the version `owner` (whose `check` the request must pass).
+
+        Raises:
+            BadRequestError: as `parse_infer_request`.
+        """
+        if header_length is None or not _LITTLE_ENDIAN:
+            return parse_infer_request(body, header_length, model, version, check)
+        header, binary = split_body(body, header_length)
+        found = self._templates.get(header)
+        if found is not None and found[0]() is owner and len(binary) >= found[1].end:
+            self._templates.move_to_end(header)
+            return found[1].apply(binary, model, version)
+        request, layout, has_id = _parse_infer_request(body, header_length, model, version, check)
+        if not has_id and len(header) <= self._max_header_bytes:
+            template = _template(request, layout)
+            if template is not None:
+                self._templates[header] = (weakref.ref(owner), template)
+                self._templates.move_to_end(header)
+                if len(self._templates) > self._size:
+                    self._templates.popitem(last=False)
+        return request
+
+
+def _template(request: InferRequest, layout: _Layout) -> _Template | None:
+    """The template of a parsed request whose inputs all came as binary numbers, else None."""
+    inputs = []
+    for name, start, end, is_json in layout:
+        array = request.inputs[name]
+        if is_json or array.dtype.kind not in "biuf" or array.nbytes != end - start:
+            return None
+        inputs.append((name, array.dtype, tuple(array.shape), array.size, start))
+    end = layout[-1][2] if layout else 0
+    return _Template(
+        tuple(inputs), end, request.requested, request.timeout_ms, request.use_cache, request.binary_output
     )
 
 

@@ -23,6 +23,7 @@ from layerserve.errors import LayerserveError
 from layerserve.gpu import apply_settings
 from layerserve.lifecycle.worker_board import FOLDER_VARIABLE, WorkerBoard
 from layerserve.logs import configure_logging
+from layerserve.protocols.v2 import HeaderTemplates
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
 from layerserve.transports.grpc.server import GrpcDoor
@@ -172,4 +173,5 @@ def create_app(runtime: Runtime) -> Starlette:
         },
     )
     app.state.runtime = runtime
+    app.state.header_templates = HeaderTemplates()  # V2 binary headers seen before, parsed once (see HeaderTemplates)
     return app

@@ -66,7 +66,8 @@ async def infer(request: Request) -> Response:
     body = await read_body(request, runtime.settings.max_body_bytes)
     async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
         header_length = header_value(request.scope, _HEADER_LENGTH).decode("latin-1") or None
-        parsed = v2.parse_infer_request(body, header_length, version.name, version.version, version.checks.declared)
+        templates: v2.HeaderTemplates = request.app.state.header_templates
+        parsed = templates.parse(body, header_length, version, version.name, version.version, version.checks.declared)
         content, length = v2.encode_infer_response(parsed, await runtime.data.infer_on(version, parsed))
         if length is None:
             return Response(content, media_type="application/json")
