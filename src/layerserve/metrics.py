@@ -86,23 +86,48 @@ GPU_MEMORY_TOTAL_BYTES = Gauge(
 SERVED_BY: ContextVar[tuple[str, int] | None] = ContextVar("served_by", default=None)
 
 
-def set_model_state(name: str, version: int, state: str | None) -> None:
-    """Record a version's state (None: unloaded) for /metrics."""
-    if state is None:
-        with contextlib.suppress(KeyError):
-            QUEUED.remove(name, str(version))
-        for part in _MEMORY_PARTS:
-            with contextlib.suppress(KeyError):
-                VERSION_MEMORY_BYTES.remove(name, str(version), part)
+def set_model_state(name: str, version: int, state: str) -> None:
+    """Record a version's state for /metrics."""
     for known in ("LOADING", "READY", "FAILED"):
-        if state is None:
-            with contextlib.suppress(KeyError):
-                MODEL_STATE.remove(name, str(version), known)
-        else:
-            MODEL_STATE.labels(name, str(version), known).set(1.0 if known == state else 0.0)
+        MODEL_STATE.labels(name, str(version), known).set(1.0 if known == state else 0.0)
+
+
+# How many registries hold each (model, version) pair, over every runtime of this process (tests and programs using
+# the Python API may run several): a version's own series leave /metrics with the last of them. Book-keeping of the
+# metric objects above, and so module-level with them.
+_SERIES_HOLDERS: dict[tuple[str, str], int] = {}
+
+
+def hold_version_series(name: str, version: int) -> None:
+    """A registry has a version of this number now (its series may be written)."""
+    key = (name, str(version))
+    _SERIES_HOLDERS[key] = _SERIES_HOLDERS.get(key, 0) + 1
+
+
+def release_version_series(name: str, version: int) -> None:
+    """A registry no longer has this version number: once none has, its own series (state, queue, batches, load
+    time, memory) leave /metrics, so that versions that come and go do not pile up series. The request counters,
+    labelled by route and status too, stay."""
+    key = (name, str(version))
+    holders = _SERIES_HOLDERS.pop(key, 0) - 1
+    if holders > 0:
+        _SERIES_HOLDERS[key] = holders
+        return
+    for metric in _VERSION_SERIES:
+        with contextlib.suppress(KeyError):
+            metric.remove(*key)
+    for part in _MEMORY_PARTS:
+        with contextlib.suppress(KeyError):
+            VERSION_MEMORY_BYTES.remove(*key, part)
+    for known in ("LOADING", "READY", "FAILED"):
+        with contextlib.suppress(KeyError):
+            MODEL_STATE.remove(*key, known)
 
 
 _MEMORY_PARTS = ("server", "session", "process_share", "cuts", "total")
+# Series labelled (model, version) alone, made by a loaded version and its batchers.
+_VERSION_SERIES = (QUEUED, BATCH_SIZE, QUEUE_SECONDS, COMPUTE_SECONDS, BATCH_ISOLATIONS, REQUESTS_CANCELLED,
+                   MODEL_LOAD_SECONDS)  # fmt: skip
 
 
 def set_version_memory(name: str, version: int, memory: dict[str, int]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
 from layerserve.lifecycle.repository import ModelSpec, fingerprint, label_version, model_folders, scan_model, write_pin
-from layerserve.metrics import set_model_state
+from layerserve.metrics import hold_version_series, release_version_series
 from layerserve.serving.registry import ModelEntry, ModelRegistry
 from layerserve.serving.version import ModelVersion
 from layerserve.settings import ModelConfig, check_config_override
@@ -243,6 +243,7 @@ class Reloader:
         current = entry.versions.get(number)
         if current is None:
             entry.versions[number] = new  # shown as LOADING in the index
+            hold_version_series(name, number)
         await self._registry.load(new)
         if new.is_ready or current is None or not current.is_ready:
             if entry.versions.get(number) is not new:
@@ -263,7 +264,7 @@ class Reloader:
     def _remove(self, entry: ModelEntry, number: int) -> None:
         """A version number leaves the registry: drained and closed, and gone from /metrics."""
         self._retire(entry.versions.pop(number))
-        set_model_state(entry.spec.name, number, None)
+        release_version_series(entry.spec.name, number)
 
     def _retire(self, version: ModelVersion) -> None:
         """Close a version that left the registry once the requests holding it are answered."""

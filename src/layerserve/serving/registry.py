@@ -12,7 +12,7 @@ from layerserve.errors import NotFoundError, NotReadyError
 from layerserve.features.cache import FeatureCache
 from layerserve.lifecycle.prepare import Preparer
 from layerserve.lifecycle.repository import ModelSpec, label_version
-from layerserve.metrics import SERVED_BY
+from layerserve.metrics import SERVED_BY, release_version_series
 from layerserve.serving.version import ModelVersion, VersionState
 from layerserve.settings import Settings
 
@@ -178,11 +178,13 @@ class ModelRegistry:
         return rows
 
     def close(self) -> None:
-        """Stop every model thread and engine process, the loader, the exporter and the preparer's child process."""
+        """Stop every model thread and engine process, the loader, the exporter and the preparer's child process;
+        the versions' own series leave /metrics (unless another runtime of the process serves them too)."""
         self.loader.shutdown(wait=False, cancel_futures=True)
         self.exporter.shutdown(wait=False, cancel_futures=True)
         self.preparer.close()
         for entry in self._models.values():
-            for version in entry.versions.values():
+            for number, version in entry.versions.items():
                 version.close()
+                release_version_series(entry.spec.name, number)
         self.engine_processes.stop_idle()

@@ -96,9 +96,12 @@ def test_triton_repository_extension(swap_server: tuple[LiveServer, Path]) -> No
     client = triton.InferenceServerClient(live.host_port)
     index = client.get_model_repository_index()
     assert {(row["name"], row["version"], row["state"]) for row in index} == {("m", "1", "READY"), ("m", "2", "READY")}
+    assert httpx.post(f"{live.url}/v2/models/m/versions/1/infer", content=BODY).status_code == 200
+    assert 'layerserve_batch_size_count{model="m",version="1"}' in httpx.get(f"{live.url}/metrics").text
     client.unload_model("m")
     assert not client.is_model_ready("m")
     assert httpx.post(f"{live.url}/v2/models/m/infer", content=BODY).status_code == 503
+    assert 'model="m",version="1"}' not in httpx.get(f"{live.url}/metrics").text.replace("route=", "")  # gone
     client.load_model("m")
     assert client.is_model_ready("m")
     with pytest.raises(triton.InferenceServerException, match="no model folder"):
