@@ -221,17 +221,18 @@ def parse_infer_request(
     Raises:
         BadRequestError: naming the bad field or input and what was expected.
     """
-    return _parse_infer_request(body, header_length, model, version, check)[0]
+    header, binary = split_body(body, header_length)
+    return _parse_infer_request(header, binary, model, version, check)[0]
 
 
 _Layout = list[tuple[str, int, int, bool]]  # per input: its name, where its binary data starts and ends, whether JSON
 
 
 def _parse_infer_request(
-    body: bytes, header_length: str | None, model: str, version: int | None, check: CheckDeclared | None
+    header: bytes, binary: bytes, model: str, version: int | None, check: CheckDeclared | None
 ) -> tuple[InferRequest, _Layout, bool]:
-    """`parse_infer_request`, with where each input's data was and whether the header has an `id`."""
-    header, binary = split_body(body, header_length)
+    """`parse_infer_request` of a body split already, with where each input's data was and whether the header has
+    an `id`."""
     request = load_json_object(header, "the request body")
     raw_inputs = request.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -326,7 +327,7 @@ class HeaderTemplates:
         if found is not None and found[0]() is owner and len(binary) >= found[1].end:
             self._templates.move_to_end(header)
             return found[1].apply(binary, model, version)
-        request, layout, has_id = _parse_infer_request(body, header_length, model, version, check)
+        request, layout, has_id = _parse_infer_request(header, binary, model, version, check)
         if not has_id and len(header) <= self._max_header_bytes:
             template = _template(request, layout)
             if template is not None:

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from layerserve.errors import BadRequestError, LayerserveError, PayloadTooLargeError, UnsupportedMediaTypeError
 from layerserve.features.images import IMAGE_MEDIA_TYPES
 from layerserve.protocols.v2 import load_json_object
-from layerserve.transports.http.middleware import log_internal_error
+from layerserve.transports.http.middleware import header_value, log_internal_error
 
 _MAX_FORM_FILES = 256
 NPY_MEDIA_TYPE = "application/x-npy"
@@ -31,14 +31,10 @@ async def read_body(request: Request, limit: int) -> bytes:
         BadRequestError: the Content-Length header is not an integer, or the compressed data is corrupt.
         UnsupportedMediaTypeError: another Content-Encoding.
     """
-    # The scope's own header list, not Starlette's Headers (built per request, a few microseconds).
-    announced, coding = None, b""
-    for name, value in request.scope["headers"]:
-        if name == b"content-length":
-            announced = value.decode("latin-1")
-        elif name == b"content-encoding":
-            coding = value
-    encoding = coding.decode("latin-1").strip().lower() or "identity"
+    # The scope's own header list (header_value), not Starlette's Headers (built per request, a few microseconds).
+    length, coding = header_value(request.scope, b"content-length"), header_value(request.scope, b"content-encoding")
+    announced = None if length is None else length.decode("latin-1")
+    encoding = "identity" if coding is None else coding.decode("latin-1").strip().lower()
     if encoding not in _WBITS and encoding != "identity":
         raise UnsupportedMediaTypeError(
             f"Content-Encoding {encoding!r} is not supported; expected gzip, deflate or identity"

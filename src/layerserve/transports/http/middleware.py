@@ -38,12 +38,12 @@ def log_internal_error(scope: Scope, error: BaseException) -> str:
     return f"internal error {error_id}"
 
 
-def header_value(scope: Scope, wanted: bytes) -> bytes:
-    """The first value of a header (ASGI names are lower-case), or b"" (cheaper than building Headers)."""
+def header_value(scope: Scope, wanted: bytes) -> bytes | None:
+    """The first value of a header (ASGI names are lower-case), or None (cheaper than building Headers)."""
     for name, value in scope["headers"]:
         if name == wanted:
             return bytes(value)
-    return b""
+    return None
 
 
 def _bearer(scope: Scope) -> bytes | None:
@@ -108,7 +108,7 @@ class CompressMiddleware(GZipMiddleware):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pick the encoding the client accepts, then answer."""
-        accepted = header_value(scope, b"accept-encoding").decode("latin-1") if scope["type"] == "http" else ""
+        accepted = (header_value(scope, b"accept-encoding") or b"").decode("latin-1") if scope["type"] == "http" else ""
         if "gzip" not in accepted and "deflate" not in accepted:  # nothing to do: no responder wraps the answer
             await self.app(scope, receive, send)
             return

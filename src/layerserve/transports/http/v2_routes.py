@@ -65,7 +65,8 @@ async def infer(request: Request) -> Response:
     runtime = request.app.state.runtime
     body = await read_body(request, runtime.settings.max_body_bytes)
     async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
-        header_length = header_value(request.scope, _HEADER_LENGTH).decode("latin-1") or None
+        raw_length = header_value(request.scope, _HEADER_LENGTH)
+        header_length = None if raw_length is None else raw_length.decode("latin-1")
         templates: v2.HeaderTemplates = request.app.state.header_templates
         parsed = templates.parse(body, header_length, version, version.name, version.version, version.checks.declared)
         content, length = v2.encode_infer_response(parsed, await runtime.data.infer_on(version, parsed))
