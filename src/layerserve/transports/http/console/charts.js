@@ -7,7 +7,7 @@ export const COLORS = ["#4f46e5", "#16a34a", "#ea580c", "#0891b2", "#c026d3", "#
 const SVG = "http://www.w3.org/2000/svg";
 const WIDTH = 320; // a chart's drawing units: it scales to its box, so a wider box gets a wider chart
 const HEIGHT = 150;
-const PAD = { left: 44, right: 8, top: 8, bottom: 18 };
+const PAD = { left: 58, right: 8, top: 8, bottom: 18 };  // left: room for "1000.0 ms"
 
 function svg(tag, attributes = {}, text = "") {
   const element = document.createElementNS(SVG, tag);

@@ -56,7 +56,7 @@ function modelsTable(context) {
       h("td", {}, model.versions.map((v) => h("span", {
         class: `chip${v.version === model.active_version ? " active" : ""}`,
         title: `${v.state}${v.reason ? `: ${v.reason}` : ""}`,
-        text: `${v.version}${v.version === model.pinned_version ? " 📌" : ""}${v.state === "READY" ? "" : ` ${v.state}`}`,
+        text: `${v.version}${v.version === model.pinned_version ? " pinned" : ""}${v.state === "READY" ? "" : ` ${v.state}`}`,
       }))),
       h("td", {}, active?.engine ?? "–", h("div", { class: "hint", text: active?.engine_reason ?? "" })),
       h("td", { text: active?.input ?? "–" }),
