@@ -6,8 +6,8 @@ request, REST and gRPC alternating per model and concurrency so that a change of
 Each step is `layerserve bench URL --model M --workload tensor --no-cache --concurrency C` against `layerserve serve
 REPO --grpc-port P` (one worker), with `--protocol grpc --grpc-port P` for gRPC (the load generator's own HTTP/2
 client). For the small model each step also measures its bare stack (`--bare`): uvicorn and httptools answering a
-constant for REST, grpc.aio on uvloop answering a constant ModelInferResponse for gRPC. The target of issue 17:
-gRPC req/s at least REST binary's for the small model, and its c=1 p50 no higher.
+constant for REST, the gRPC door's connection on uvloop answering a constant ModelInferResponse for gRPC. The
+target of issue 17: gRPC req/s at least REST binary's for the small model, and its c=1 p50 no higher.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -133,3 +134,70 @@ def test_answers_in_requested_order_with_classification_and_a_size_limit() -> No
     assert first[4 : 4 + size].decode() == "0.700000:1:y"
     with pytest.raises(PayloadTooLargeError, match="over the message size limit of 8 bytes"):
         grpc_v2.encode_model_infer(InferResponse("m", 3, outputs), max_bytes=8)
+
+
+class _Owner:
+    """A version, as far as InferTemplates is concerned: an object a template belongs to."""
+
+
+def _raw_request(a: np.ndarray, b: np.ndarray, **fields: object) -> tuple[service_pb2.ModelInferRequest, bytes]:
+    request = _request(
+        model_version="1",
+        inputs=[
+            service_pb2.ModelInferRequest.InferInputTensor(name="a", datatype="INT8", shape=list(a.shape)),
+            service_pb2.ModelInferRequest.InferInputTensor(name="b", datatype="FP32", shape=list(b.shape)),
+        ],
+        outputs=[service_pb2.ModelInferRequest.InferRequestedOutputTensor(name="out")],
+        raw_input_contents=[a.tobytes(), b.tobytes()],
+        **fields,
+    )
+    request.parameters["timeout_ms"].int64_param = 50
+    return request, request.SerializeToString()
+
+
+def test_a_message_seen_before_skips_the_parse_and_gives_the_same_request() -> None:
+    templates, owner = grpc_v2.InferTemplates(), _Owner()
+    rng = np.random.default_rng(0)
+    found = []
+    for _ in range(3):
+        a, b = rng.integers(-5, 5, size=(2, 2)).astype(np.int8), rng.normal(size=(2, 2)).astype(np.float32)
+        request, message = _raw_request(a, b)
+        hit = templates.find(message)
+        found.append(hit is not None)
+        if hit is None:
+            parsed = _checked(request, GRAPH)
+            templates.keep(message, request, parsed, owner)
+            continue
+        template, kept_for, spans = hit
+        assert kept_for is owner and (template.model, template.version) == ("m", 1)
+        parsed = template.apply(message, spans)
+        assert parsed is not None
+        reference = _checked(request, GRAPH)
+        assert dataclasses.replace(reference, inputs=parsed.inputs) == parsed
+        for name, array in (("a", a), ("b", b)):
+            np.testing.assert_array_equal(parsed.inputs[name], array)
+            assert parsed.inputs[name].dtype == array.dtype and parsed.inputs[name].shape == array.shape
+    assert found == [False, True, True]
+
+
+def test_messages_that_cannot_be_templates_are_parsed_in_full() -> None:
+    templates, owner = grpc_v2.InferTemplates(), _Owner()
+    a, b = np.zeros((1, 2), np.int8), np.zeros((1, 2), np.float32)
+    with_id, message = _raw_request(a, b, id="r1")
+    templates.keep(message, with_id, _checked(with_id, GRAPH), owner)
+    assert templates.find(message) is None  # an id: the answer carries it, so each request is parsed
+    contents = service_pb2.InferTensorContents(int_contents=[1] * 4)
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="tokens", datatype="INT32", shape=[1, 4])
+    tensor.contents.CopyFrom(contents)
+    typed = _request(inputs=[tensor])
+    templates.keep(typed.SerializeToString(), typed, _checked(typed, TEXTS), owner)
+    assert templates.find(typed.SerializeToString()) is None  # typed contents
+    request, message = _raw_request(a, b)
+    templates.keep(message, request, _checked(request, GRAPH), owner)
+    template, _, _ = templates.find(message)  # type: ignore[misc]
+    # The same leading fields with raw contents of other sizes: no request from the template.
+    request.raw_input_contents[1] = np.zeros(3, np.float32).tobytes()
+    longer = request.SerializeToString()
+    assert template.apply(longer, templates.find(longer)[2]) is None  # type: ignore[index]
+    # A field after the raw contents, or a truncated message: not split, parsed in full.
+    assert templates.find(message + b"\x0a\x01m") is None and templates.find(message[:-1]) is None

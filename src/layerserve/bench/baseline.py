@@ -45,14 +45,15 @@ def _serve_grpc(port: int) -> None:
         return constant
 
     async def main() -> None:
-        server = grpc.aio.server()
+        import asyncio
+
+        from layerserve.transports.grpc.connection import GrpcConnection
+
         handler = grpc.unary_unary_rpc_method_handler(model_infer)  # no (de)serializers: bytes in, bytes out
-        server.add_generic_rpc_handlers(
-            [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})]
-        )
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        await server.wait_for_termination()
+        handlers = {b"/inference.GRPCInferenceService/ModelInfer": handler}
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: GrpcConnection(handlers, 1 << 26, set()), "127.0.0.1", port)
+        await server.serve_forever()
 
     uvloop.run(main())
 

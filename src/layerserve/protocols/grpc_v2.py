@@ -7,7 +7,9 @@ against the version it leases), its InferResponse becomes a ModelInferResponse.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -15,8 +17,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from layerserve.errors import BadRequestError, PayloadTooLargeError
-from layerserve.messages import InferRequest, InferResponse
+from layerserve.messages import InferRequest, InferResponse, RequestedOutput
 from layerserve.protocols import v2
+from layerserve.protocols.templates import TemplateCache
 from layerserve.tensors import Array, datatype_of, dtype_of, parse_shape
 
 # The typed `contents` field of each datatype (FP16 and BF16 travel only as raw contents).
@@ -132,6 +135,112 @@ def parse_model_infer(request: service_pb2.ModelInferRequest, check: v2.CheckDec
         use_cache=parameters.get("cache", True) is not False,
         binary_output=True,
     )
+
+
+_RAW_INPUT_TAG = 0x3A  # ModelInferRequest field 7, raw_input_contents (length-delimited); the last field
+
+
+def _raw_input_spans(message: bytes) -> tuple[int, list[tuple[int, int]]] | None:
+    """Where a serialized ModelInferRequest's raw_input_contents begin and each one's (start, end), when it has
+    any and they come last, after top-level fields that are all length-delimited with one-byte tags (as protobuf
+    serializers write it); else None."""
+    position, size, first, spans = 0, len(message), -1, []
+    while position < size:
+        tag = message[position]
+        if tag & 0x87 != 2:  # a multi-byte tag, or not length-delimited
+            return None
+        start, length, shift = position, 0, 0
+        position += 1
+        while True:
+            if position >= size or shift > 28:
+                return None
+            byte = message[position]
+            position += 1
+            length |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        if tag == _RAW_INPUT_TAG:
+            if first < 0:
+                first = start
+            spans.append((position, position + length))
+        elif first >= 0:
+            return None
+        position += length
+    return (first, spans) if first >= 0 and position == size else None
+
+
+@dataclass(frozen=True, slots=True)
+class _InferTemplate:
+    """A ModelInferRequest less its raw contents, parsed and checked once: the model and version it names, each
+    input's name, dtype, shape, element count and byte size, and the rest of the request."""
+
+    model: str
+    version: int | None
+    inputs: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int, int], ...]
+    outputs: tuple[RequestedOutput, ...]
+    timeout_ms: int | None
+    use_cache: bool
+
+    def apply(self, message: bytes, spans: list[tuple[int, int]]) -> InferRequest | None:
+        """The request whose raw contents are at `spans` of `message`; None when their sizes differ."""
+        if len(spans) != len(self.inputs):
+            return None
+        inputs = {}
+        for (name, dtype, shape, count, nbytes), (start, end) in zip(self.inputs, spans, strict=True):
+            if end - start != nbytes:
+                return None
+            inputs[name] = np.frombuffer(message, dtype, count, start).reshape(shape)
+        return InferRequest(self.model, inputs, self.outputs, self.version, None, self.timeout_ms, self.use_cache, True)
+
+
+class InferTemplates:
+    """ModelInferRequests parsed as bytes, skipping the protobuf parse and the checks for a request whose fields
+    before its raw contents were seen before (the gRPC door's counterpart of `v2.HeaderTemplates`).
+
+    Clients send the same fields (model, inputs' names, datatypes and shapes, outputs, parameters) for every
+    request of one shape; only the raw contents differ. A request with raw contents of numbers only (no typed
+    contents, no BYTES) and no `id` becomes a template for the version whose checks it passed; the next request
+    with the same leading bytes for that version takes its arrays straight from the message.
+    """
+
+    def __init__(self, size: int = 256, max_prefix_bytes: int = 8192) -> None:
+        self._templates: TemplateCache[_InferTemplate] = TemplateCache(size)
+        self._max_prefix_bytes = max_prefix_bytes
+
+    def find(self, message: bytes) -> tuple[_InferTemplate, object | None, list[tuple[int, int]]] | None:
+        """The template of a message seen before, the version it was checked for (None once retired) and the
+        spans of the message's raw contents; None for a message to parse in full."""
+        split = _raw_input_spans(message) if _LITTLE_ENDIAN else None
+        if split is None:
+            return None
+        found = self._templates.get(message[: split[0]])
+        if found is None:
+            return None
+        return found[1], found[0], split[1]
+
+    def keep(self, message: bytes, request: service_pb2.ModelInferRequest, parsed: InferRequest, owner: object) -> None:
+        """Keep the template of `message` (parsed in full, and checked for `owner`) when it can have one."""
+        if request.id or not request.raw_input_contents or not _LITTLE_ENDIAN:
+            return
+        split = _raw_input_spans(message)
+        if split is None or split[0] > self._max_prefix_bytes:
+            return
+        inputs = []
+        for name, array in parsed.inputs.items():
+            if array.dtype.kind not in "biuf":
+                return
+            inputs.append((name, array.dtype, tuple(array.shape), array.size, array.nbytes))
+        outputs = tuple(o for o in parsed.outputs if isinstance(o, RequestedOutput))
+        if len(outputs) != len(parsed.outputs):
+            return
+        template = _InferTemplate(
+            parsed.model, parsed.version, tuple(inputs), outputs, parsed.timeout_ms, parsed.use_cache
+        )
+        self._templates.put(message[: split[0]], owner, template)
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"  # raw contents are little-endian
 
 
 def encode_model_infer(response: InferResponse, max_bytes: int | None = None) -> service_pb2.ModelInferResponse:

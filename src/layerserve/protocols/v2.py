@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 import struct
 import sys
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +14,7 @@ import orjson
 
 from layerserve.errors import BadRequestError
 from layerserve.messages import InferRequest, InferResponse, ModelMetadata, RepositoryEntry, RequestedOutput
+from layerserve.protocols.templates import TemplateCache
 from layerserve.tensors import (
     Array,
     array_from_json,
@@ -301,10 +300,8 @@ class HeaderTemplates:
     """
 
     def __init__(self, size: int = 256, max_header_bytes: int = 8192) -> None:
-        self._size = size
         self._max_header_bytes = max_header_bytes
-        # Header -> (a weak reference to its owner, its template): a retired version is not kept alive by it.
-        self._templates: OrderedDict[bytes, tuple[weakref.ref[Any], _Template]] = OrderedDict()
+        self._templates: TemplateCache[_Template] = TemplateCache(size)
 
     def parse(
         self,
@@ -324,17 +321,13 @@ class HeaderTemplates:
             return parse_infer_request(body, header_length, model, version, check)
         header, binary = split_body(body, header_length)
         found = self._templates.get(header)
-        if found is not None and found[0]() is owner and len(binary) >= found[1].end:
-            self._templates.move_to_end(header)
+        if found is not None and found[0] is owner and len(binary) >= found[1].end:
             return found[1].apply(binary, model, version)
         request, layout, has_id = _parse_infer_request(header, binary, model, version, check)
         if not has_id and len(header) <= self._max_header_bytes:
             template = _template(request, layout)
             if template is not None:
-                self._templates[header] = (weakref.ref(owner), template)
-                self._templates.move_to_end(header)
-                if len(self._templates) > self._size:
-                    self._templates.popitem(last=False)
+                self._templates.put(header, owner, template)
         return request
 
 

@@ -97,6 +97,39 @@ def test_infer_equals_keras_and_rest(client: tg.InferenceServerClient, server: L
     np.testing.assert_array_equal(result.as_numpy("probs").ravel(), np.asarray(rest["outputs"][0]["data"], np.float32))
 
 
+def test_requests_of_one_shape_each_get_their_own_answer(client: tg.InferenceServerClient, repository: Path) -> None:
+    # The second and later requests of one shape take their arrays from the message (InferTemplates).
+    reference = load_reference(repository, "mlp", 2)
+    for seed in range(4):
+        x, tensor = _mlp_input(3, seed)
+        np.testing.assert_allclose(client.infer("mlp", [tensor]).as_numpy("probs"), reference(x), atol=1e-5)
+    x = np.repeat(_mlp_input(1, 9)[0], 200, axis=0)  # compressible (grpc sends what does not shrink as it is)
+    tensor = tg.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    for algorithm in ("gzip", "deflate"):  # compressed requests are inflated
+        answer = client.infer("mlp", [tensor], compression_algorithm=algorithm)
+        np.testing.assert_allclose(answer.as_numpy("probs"), reference(x), atol=1e-5)
+
+
+def test_unknown_methods_bad_messages_and_bad_timeouts_get_their_status(server: LiveServer) -> None:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        for path, message, code in (
+            ("/inference.GRPCInferenceService/Nope", b"", grpc.StatusCode.UNIMPLEMENTED),
+            ("/nope.Service/ModelInfer", b"", grpc.StatusCode.UNIMPLEMENTED),
+            ("/inference.GRPCInferenceService/ModelInfer", b"\xff\xff\xff", grpc.StatusCode.INVALID_ARGUMENT),
+            ("/inference.GRPCInferenceService/ModelMetadata", b"\x0a\x05", grpc.StatusCode.INVALID_ARGUMENT),
+        ):
+            with pytest.raises(grpc.RpcError) as caught:
+                channel.unary_unary(path)(message)
+            assert caught.value.code() == code, (path, caught.value.details())
+        # The connection still serves.
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as caught:
+            health.Check(health_pb2.HealthCheckRequest(service="nope"))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_outputs_in_requested_order_layers_and_cuts(client: tg.InferenceServerClient, repository: Path) -> None:
     rng = np.random.default_rng(3)
     features = rng.normal(size=(2, 4)).astype(np.float32)

@@ -1,17 +1,21 @@
-"""GrpcDoor: the grpc.aio server of one worker: GRPCInferenceService, the standard health service, reflection."""
+"""GrpcDoor: the gRPC server of one worker (GRPCInferenceService, the standard health service, reflection) on
+HTTP/2 parsed by zttp (connection.py), hosting the handlers grpcio's registration functions make."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from layerserve.settings import Settings
 from layerserve.transports.grpc.calls import CallGuard
+from layerserve.transports.grpc.connection import GrpcConnection
 from layerserve.transports.grpc.servicer import InferenceServicer, ServingState
 
 log = logging.getLogger(__name__)
@@ -23,29 +27,45 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class MethodTable:
+    """The method handlers by path (`/package.Service/Method`), collected from grpcio's `add_*_to_server`
+    functions, which are given this table as their server."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[bytes, Any] = {}
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        """Keep a service's handlers under their paths."""
+        for method, handler in handlers.items():
+            self.handlers[f"/{service}/{method}".encode()] = handler
+
+    def add_generic_rpc_handlers(self, generic_handlers: Any) -> None:
+        """Ignored: the same handlers come through `add_registered_method_handlers`."""
+
+
 class GrpcDoor:
-    """The gRPC server on `grpc_port`. Several workers bind the same port (SO_REUSEPORT, grpc's default on
-    Linux) and the kernel spreads connections across them; a single worker binds it alone (SO_REUSEPORT
-    off), so that a second server started on the same port fails to start instead of sharing it."""
+    """The gRPC server on `grpc_port`. Several workers bind the same port (SO_REUSEPORT) and the kernel spreads
+    connections across them; a single worker binds it alone, so that a second server started on the same port
+    fails to start instead of sharing it."""
 
     def __init__(self, settings: Settings, state: ServingState) -> None:
         self._settings = settings
         self._state = state
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
-                ("grpc.max_receive_message_length", settings.max_body_bytes),
-                ("grpc.max_send_message_length", settings.max_body_bytes),
-            ]
-        )
+        table = MethodTable()
         guard = CallGuard(settings.admin_token, settings.api_token, settings.access_log)
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state, guard), self._server)
-        self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            self._server,
+        servicer = InferenceServicer(state, guard)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, table)
+        # ModelInfer takes the message's bytes: a request seen before skips the protobuf parse (InferTemplates).
+        table.handlers[f"/{SERVICE_NAME}/ModelInfer".encode()] = grpc.unary_unary_rpc_method_handler(
+            servicer.ModelInferMessage, response_serializer=service_pb2.ModelInferResponse.SerializeToString
         )
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, table)
+        names = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), table)
+        self._handlers = table.handlers
+        self._connections: set[GrpcConnection] = set()
+        self._server: asyncio.Server | None = None
         self._serving: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -54,11 +74,21 @@ class GrpcDoor:
         Raises:
             RuntimeError: the port cannot be bound (the app then fails to start).
         """
-        address = _address(self._settings.host, self._settings.grpc_port)
-        self._server.add_insecure_port(address)
+        settings = self._settings
+        address = _address(settings.host, settings.grpc_port)
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self._server.start()
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(
+                lambda: GrpcConnection(self._handlers, settings.max_body_bytes, self._connections),
+                settings.host,
+                settings.grpc_port,
+                reuse_port=settings.workers > 1,
+                family=socket.AF_UNSPEC,
+            )
+        except OSError as error:
+            raise RuntimeError(f"Failed to bind the gRPC port {address}: {error.strerror or error}") from error
         self._serving = asyncio.create_task(self._serve_when_settled())
         log.info("gRPC service on %s", address)
 
@@ -68,8 +98,22 @@ class GrpcDoor:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace_s: float) -> None:
-        """Stop accepting calls (health turns NOT_SERVING), let those in flight finish within `grace_s`."""
+        """Stop accepting calls (health turns NOT_SERVING, GOAWAY on every connection), let those in flight
+        finish within `grace_s`, then cancel what is left and close the connections."""
         if self._serving is not None:
             self._serving.cancel()
         await self._health.enter_graceful_shutdown()
-        await self._server.stop(grace_s)
+        if self._server is None:
+            return
+        self._server.close()
+        for connection in list(self._connections):
+            connection.go_away()
+        running = [task for connection in self._connections for task in connection.running()]
+        if running:
+            _, late = await asyncio.wait(running, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        for connection in list(self._connections):
+            connection.close()

@@ -11,14 +11,17 @@ from typing import Any, TypeAlias
 
 import grpc
 import orjson
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from layerserve import __version__
 from layerserve.dataplane import DataPlane
-from layerserve.errors import NotFoundError, NotReadyError
+from layerserve.errors import BadRequestError, NotFoundError, NotReadyError
+from layerserve.messages import InferRequest
 from layerserve.protocols import grpc_v2, triton, v2
 from layerserve.protocols.v2 import parse_version_number
 from layerserve.serving.registry import ModelRegistry
+from layerserve.serving.version import ModelVersion
 from layerserve.transports.grpc.calls import Access, CallGuard
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -34,6 +37,13 @@ class ServingState:
     data: DataPlane
     is_ready: Callable[[], bool]
     max_message_bytes: int
+
+
+def _parse(message: bytes) -> pb.ModelInferRequest:
+    try:
+        return pb.ModelInferRequest.FromString(message)
+    except DecodeError as error:
+        raise BadRequestError(f"the message is not an inference.ModelInferRequest: {error}") from None
 
 
 def _timeout_ms(requested_ms: int | None, context: Context) -> int | None:
@@ -52,6 +62,7 @@ class InferenceServicer:
         self._state = state
         self._registry = state.registry
         self._guard = guard
+        self._templates = grpc_v2.InferTemplates()
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:  # noqa: N802
         """Live as long as it answers."""
@@ -123,15 +134,38 @@ class InferenceServicer:
         """One inference."""
         return await self._guard.run("ModelInfer", Access.API, context, lambda: self._infer(request, context))
 
-    async def _infer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+    async def ModelInferMessage(self, message: bytes, context: Context) -> pb.ModelInferResponse:  # noqa: N802
+        """One inference from the request's serialized message (the gRPC door's ModelInfer): a message whose
+        leading fields were seen before skips the protobuf parse and the checks (`grpc_v2.InferTemplates`)."""
+        return await self._guard.run("ModelInfer", Access.API, context, lambda: self._infer_message(message, context))
+
+    async def _infer_message(self, message: bytes, context: Context) -> pb.ModelInferResponse:
+        found = self._templates.find(message)
+        if found is None:
+            return await self._infer(_parse(message), context, message)
+        template, owner, spans = found
+        async with self._registry.lease(template.model, template.version) as version:
+            parsed = template.apply(message, spans) if owner is version else None
+            if parsed is None:
+                parsed = grpc_v2.parse_model_infer(_parse(message), version.checks.declared)
+            return await self._answer(version, parsed, context)
+
+    async def _infer(
+        self, request: pb.ModelInferRequest, context: Context, message: bytes | None = None
+    ) -> pb.ModelInferResponse:
         number = parse_version_number(request.model_version)
         async with self._registry.lease(request.model_name, number) as version:
             parsed = grpc_v2.parse_model_infer(request, version.checks.declared)
-            timeout_ms = _timeout_ms(parsed.timeout_ms, context)
-            if timeout_ms != parsed.timeout_ms:
-                parsed = dataclasses.replace(parsed, timeout_ms=timeout_ms)
-            answer = await self._state.data.infer_on(version, parsed)
-            return grpc_v2.encode_model_infer(answer, self._state.max_message_bytes)
+            if message is not None:
+                self._templates.keep(message, request, parsed, version)
+            return await self._answer(version, parsed, context)
+
+    async def _answer(self, version: ModelVersion, parsed: InferRequest, context: Context) -> pb.ModelInferResponse:
+        timeout_ms = _timeout_ms(parsed.timeout_ms, context)
+        if timeout_ms != parsed.timeout_ms:
+            parsed = dataclasses.replace(parsed, timeout_ms=timeout_ms)
+        answer = await self._state.data.infer_on(version, parsed)
+        return grpc_v2.encode_model_infer(answer, self._state.max_message_bytes)
 
     async def ModelStreamInfer(  # noqa: N802
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
