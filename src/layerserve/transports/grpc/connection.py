@@ -3,8 +3,9 @@ one RPC on it, which is also the context its handler gets (the part of grpc.aio'
 grpcio's generated handlers, its health and reflection services and our servicer use).
 
 Each call runs in its own task; a client's RST_STREAM, the call's deadline (`grpc-timeout`) or a lost
-connection cancels that task (a request waiting in a batcher's queue is then dropped, never computed). Frames
-written while the loop runs one turn leave in one write: answers finished by one batch share a system call.
+connection cancels that task (a request waiting in a batcher's queue is then dropped, never computed). An answer
+leaves at once when its call was the connection's last in flight, else at the end of the loop's turn, so that the
+answers one batch finishes on one connection share a write.
 """
 
 from __future__ import annotations
@@ -188,7 +189,8 @@ class Call:
             self._sent_headers = True
             stream.send_response(200, wire.RESPONSE_HEADERS)
         stream.send_data(wire.frame(payload))
-        self._connection.flush_soon()
+        if self._handler.response_streaming:  # a unary answer leaves with its status (finish)
+            self._connection.flush_soon()
 
     def finish(self, code: grpc.StatusCode, details: str) -> None:
         """Send the status (trailers-only when nothing was sent) and forget the call."""
@@ -209,7 +211,7 @@ class Call:
                 stream.reset(0)  # answered before the request ended: the client may stop sending (NO_ERROR)
         except zttp.LocalProtocolError:  # the stream closed meanwhile (the client reset it)
             pass
-        connection.flush_soon()
+        connection.answered()
 
     # grpc.aio's ServicerContext, as far as handlers use it.
 
@@ -363,6 +365,14 @@ class GrpcConnection(asyncio.Protocol):
         self._calls.pop(call.stream_id, None)
         if self._going_away and not self._calls:
             self.loop.call_soon(self.close)
+
+    def answered(self) -> None:
+        """A call has sent its status: the last call in flight writes now, others at the end of this loop turn
+        (answers of one batch on one connection then share a write)."""
+        if self._calls:
+            self.flush_soon()
+        else:
+            self._flush()
 
     def flush_soon(self) -> None:
         """Write what zttp queued at the end of this loop turn, with whatever else is written in it."""
