@@ -166,18 +166,23 @@ class H2Connection:
         """Send one gRPC message (already framed with its 5-byte prefix); the answer's status code number."""
         self._stream += 2
         stream, self._stream_window = self._stream, self._initial_window
-        self._writer.write(self._frame(_HEADERS, _END_HEADERS, stream, self._headers))
+        frames = [self._frame(_HEADERS, _END_HEADERS, stream, self._headers)]  # sent with the data: one write
         data, sent = memoryview(message), 0
         while sent < len(data):
             room = min(self._send_window, self._stream_window, self._max_frame, len(data) - sent)
             if room <= 0:
+                if frames:
+                    self._writer.write(b"".join(frames))
+                    frames = []
                 self._control(*await self._next_frame())
                 continue
             last = sent + room == len(data)
-            self._writer.write(self._frame(_DATA, _END_STREAM if last else 0, stream, data[sent : sent + room]))
+            frames.append(self._frame(_DATA, _END_STREAM if last else 0, stream, data[sent : sent + room]))
             sent += room
             self._send_window -= room
             self._stream_window -= room
+        if frames:
+            self._writer.write(b"".join(frames))
         return await self._answer(stream)
 
     async def _answer(self, stream: int) -> int:
