@@ -186,7 +186,7 @@ class H2Connection:
         return await self._answer(stream)
 
     async def _answer(self, stream: int) -> int:
-        block, status, got_message, ended = b"", None, False, False
+        block, got_message, ended = b"", False, False
         while True:
             kind, flags, on, payload = await self._next_frame()
             if on != stream or kind not in (_DATA, _HEADERS, _CONTINUATION, _RST_STREAM):
@@ -209,7 +209,7 @@ class H2Connection:
                 payload = payload[(1 if flags & _PADDED else 0) + (5 if flags & _PRIORITY else 0) : len(payload) - pad]
             block += payload
             if flags & _END_HEADERS:
-                status = grpc_status(block) if status is None else status
-                block = b""
-                if ended:  # the trailers (or a trailers-only answer): an OK needs a message
+                if ended:  # the trailers (or a trailers-only answer), where grpc-status is: an OK needs a message
+                    status = grpc_status(block)
                     return status if status is not None and (status != 0 or got_message) else _UNKNOWN
+                block = b""  # the answer's headers: nothing to read in them
