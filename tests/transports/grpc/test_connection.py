@@ -20,10 +20,12 @@ async def _echo(message: bytes, context: Any) -> bytes:
     return message[::-1]
 
 
-async def _serve() -> asyncio.Server:
+async def _serve(connections: set[GrpcConnection] | None = None, **more: Any) -> asyncio.Server:
     handlers = {ECHO.encode(): grpc.unary_unary_rpc_method_handler(_echo)}
+    handlers.update({path.encode(): grpc.unary_unary_rpc_method_handler(h) for path, h in more.items()})
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: GrpcConnection(handlers, MAX_BYTES, set()), "127.0.0.1", 0)
+    kept = set() if connections is None else connections
+    return await loop.create_server(lambda: GrpcConnection(handlers, MAX_BYTES, kept), "127.0.0.1", 0)
 
 
 def test_a_whole_message_fits_the_announced_window_and_big_answers_flow() -> None:
@@ -62,6 +64,83 @@ def test_many_calls_on_one_connection_each_get_their_own_answer() -> None:
                 else:
                     raise AssertionError("a message over the limit was answered")
                 assert await echo(b"ok") == b"ko"
+        finally:
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_unary_request_of_more_than_one_message_is_refused() -> None:
+    async def main() -> None:
+        server = await _serve()
+        client = await H2Connection.open("127.0.0.1", server.sockets[0].getsockname()[1], ECHO)
+        try:
+            assert await client.call(wire.frame(b"one") + wire.frame(b"two")) == grpc.StatusCode.INTERNAL.value[0]
+            assert await client.call(wire.frame(b"one")) == 0
+        finally:
+            client.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_going_away_lets_the_call_in_flight_answer_then_closes() -> None:
+    async def main() -> None:
+        release, started = asyncio.Event(), asyncio.Event()
+
+        async def slow(message: bytes, context: Any) -> bytes:
+            started.set()
+            await release.wait()
+            return b"done"
+
+        connections: set[GrpcConnection] = set()
+        server = await _serve(connections, **{"/test.Echo/Slow": slow})
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = asyncio.ensure_future(channel.unary_unary("/test.Echo/Slow")(b"x"))
+                await started.wait()
+                (connection,) = connections
+                connection.go_away()
+                idle = asyncio.ensure_future(connection.idle())
+                await asyncio.sleep(0.05)
+                assert not idle.done() and not call.done()  # the call in flight goes on
+                release.set()
+                assert await call == b"done"
+                await asyncio.wait_for(idle, 5)
+                for _ in range(100):  # the connection closes once its last call has answered
+                    if not connections:
+                        break
+                    await asyncio.sleep(0.01)
+                assert not connections
+        finally:
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_streaming_answer_waits_for_the_client_s_window() -> None:
+    async def main() -> None:
+        parked: list[int] = []
+
+        async def many(message: bytes, context: Any) -> None:
+            for index in range(12):
+                await context.write(bytes([index]) * (1 << 20))
+                parked.append(context._connection.stream(context.stream_id).pending_bytes or 0)
+
+        handlers = {b"/test.Echo/Many": grpc.unary_stream_rpc_method_handler(many)}
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: GrpcConnection(handlers, MAX_BYTES, set()), "127.0.0.1", 0)
+        try:
+            options = [("grpc.max_receive_message_length", MAX_BYTES)]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", options) as chan:
+                answers = []
+                async for answer in chan.unary_stream("/test.Echo/Many")(b""):
+                    answers.append(answer)
+                    await asyncio.sleep(0.02)  # a slow reader
+            assert [a[:1] for a in answers] == [bytes([i]) for i in range(12)]
+            assert all(len(a) == 1 << 20 for a in answers)
+            assert max(parked) <= (2 << 20) + 64  # the handler waited instead of parking all 12 MiB
         finally:
             server.close()
 

@@ -42,6 +42,7 @@ def test_compressed_messages_inflate_within_the_limit() -> None:
     for data, encoding, code in (
         (gzip.compress(message), b"gzip", grpc.StatusCode.RESOURCE_EXHAUSTED),  # inflates past the limit
         (b"not gzip", b"gzip", grpc.StatusCode.INTERNAL),
+        (gzip.compress(message)[:-12], b"gzip", grpc.StatusCode.INTERNAL),  # truncated
         (message, b"snappy", grpc.StatusCode.UNIMPLEMENTED),
         (message, None, grpc.StatusCode.UNIMPLEMENTED),
     ):

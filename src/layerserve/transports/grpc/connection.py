@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _OK = grpc.StatusCode.OK
 _END = object()  # ends a streaming request's messages
+_MAX_PARKED_BYTES = 1 << 20  # a streaming answer waits while more than this waits for the client's window
 
 
 def _header(headers: Any, name: bytes) -> bytes | None:
@@ -80,7 +81,11 @@ class Call:
             size = int.from_bytes(buffer[1:5], "big")
             if size > limit:
                 raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, wire.too_large(size, limit))
-            if self._messages is None or len(buffer) < wire.PREFIX_BYTES + size:
+            if self._messages is None:
+                if len(buffer) > wire.PREFIX_BYTES + size:
+                    raise CallError(grpc.StatusCode.INTERNAL, "a unary call's request must be exactly one message")
+                return
+            if len(buffer) < wire.PREFIX_BYTES + size:
                 return
             self._messages.put_nowait(self._unframe(bytes(buffer[: wire.PREFIX_BYTES + size])))
             del buffer[: wire.PREFIX_BYTES + size]
@@ -207,8 +212,10 @@ class Call:
                 stream.end_message(trailers)
             else:
                 stream.send_response(200, wire.RESPONSE_HEADERS + trailers, True)
-            if not self._ended:
-                stream.reset(0)  # answered before the request ended: the client may stop sending (NO_ERROR)
+            if not self._ended and not stream.pending_bytes:
+                # Answered before the request ended: the client may stop sending (NO_ERROR). Not while answers
+                # wait for the client's window: the reset would drop them.
+                stream.reset(0)
         except zttp.LocalProtocolError:  # the stream closed meanwhile (the client reset it)
             pass
         connection.answered()
@@ -233,9 +240,12 @@ class Call:
         raise CallError(code, details)
 
     async def write(self, message: Any) -> None:
-        """Send one message of a streaming answer."""
+        """Send one message of a streaming answer; wait while the client is slow to take the earlier ones."""
         self._send(message)
-        await self._connection.drained()
+        connection = self._connection
+        while not self.closed and (connection.stream(self.stream_id).pending_bytes or 0) > _MAX_PARKED_BYTES:
+            await connection.window_opened()
+        await connection.drained()
 
     def peer(self) -> str:
         """The client's address, as grpc writes it."""
@@ -266,13 +276,18 @@ class GrpcConnection(asyncio.Protocol):
         self._last_stream = 0
         self._going_away = False
         self._writable: asyncio.Future[None] | None = None
+        self._window: asyncio.Future[None] | None = None
+        self._idle: asyncio.Future[None] | None = None
+        self._close_when_sent = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Send the server's preface."""
         self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
         self._connections.add(self)
-        host, port = transport.get_extra_info("peername")[:2]
-        self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            host, port = peer[:2]
+            self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
         self._h2.initiate_connection()
         self._flush()
         # zttp 0.0.35 has no setting for its receive windows: larger ones are announced here, after its preface.
@@ -285,8 +300,9 @@ class GrpcConnection(asyncio.Protocol):
         for call in list(self._calls.values()):
             call.cancel()
         self._calls.clear()
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
+        for waiter in (self._writable, self._window, self._idle):
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         """Read the frames; what they call for (acks, window updates, refusals) leaves at once."""
@@ -299,6 +315,8 @@ class GrpcConnection(asyncio.Protocol):
             self.close()
             return
         self._flush()
+        if self._close_when_sent and not self._h2.has_pending_send():
+            self.close()
 
     def _read_events(self) -> None:
         h2, calls = self._h2, self._calls
@@ -321,6 +339,11 @@ class GrpcConnection(asyncio.Protocol):
                 call = calls.pop(event.stream_id, None)
                 if call is not None:
                     call.cancel()
+                    self._removed()
+            elif kind is zttp.WindowUpdate:
+                if self._window is not None and not self._window.done():
+                    self._window.set_result(None)
+                self._window = None
             elif kind is zttp.GoAway:
                 self._going_away = True
 
@@ -366,8 +389,37 @@ class GrpcConnection(asyncio.Protocol):
     def forget(self, call: Call) -> None:
         """A call has answered; a connection told to go away closes after its last one."""
         self._calls.pop(call.stream_id, None)
-        if self._going_away and not self._calls:
-            self.loop.call_soon(self.close)
+        self._removed()
+
+    def _removed(self) -> None:
+        """After a call left: wake who waits for the connection to be idle; one going away closes once idle
+        and once what zttp holds for the client's window is sent."""
+        if self._calls:
+            return
+        if self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+        if self._going_away:
+            self.loop.call_soon(self._close_once_sent)
+
+    def _close_once_sent(self) -> None:
+        if self._h2.has_pending_send():
+            self._close_when_sent = True  # data_received closes it once window updates let the rest out
+        else:
+            self.close()
+
+    async def window_opened(self) -> None:
+        """Wait for the client's next WINDOW_UPDATE (or the connection's end)."""
+        if self._window is None:
+            self._window = self.loop.create_future()
+        await asyncio.shield(self._window)
+
+    async def idle(self) -> None:
+        """Wait until no call is in flight (or the connection is gone)."""
+        if not self._calls or self._transport is None or self._transport.is_closing():
+            return
+        if self._idle is None or self._idle.done():
+            self._idle = self.loop.create_future()
+        await asyncio.shield(self._idle)
 
     def answered(self) -> None:
         """A call has sent its status: the last call in flight writes now, others at the end of this loop turn
@@ -411,12 +463,13 @@ class GrpcConnection(asyncio.Protocol):
         self._going_away = True
         self._h2.close(0, self._last_stream)
         self._flush()
-        if not self._calls:
-            self.close()
+        self._removed()
 
-    def running(self) -> list[asyncio.Task[None]]:
-        """The handler tasks of the calls in flight."""
-        return [call.task for call in self._calls.values() if call.task is not None and not call.task.done()]
+    def cancel_calls(self) -> None:
+        """Cancel the handlers still running (they answer UNAVAILABLE)."""
+        for call in list(self._calls.values()):
+            if call.task is not None:
+                call.task.cancel()
 
     def close(self) -> None:
         """Close the connection (calls still running are cancelled by `connection_lost`)."""

@@ -108,12 +108,15 @@ class GrpcDoor:
         self._server.close()
         for connection in list(self._connections):
             connection.go_away()
-        running = [task for connection in self._connections for task in connection.running()]
-        if running:
-            _, late = await asyncio.wait(running, timeout=grace_s)
-            for task in late:
-                task.cancel()
+        connections = list(self._connections)
+        if connections:
+            waiting = [asyncio.ensure_future(connection.idle()) for connection in connections]
+            _, late = await asyncio.wait(waiting, timeout=grace_s)
+            for waiter in late:
+                waiter.cancel()
             if late:
-                await asyncio.wait(late, timeout=1.0)
+                for connection in connections:
+                    connection.cancel_calls()
+                await asyncio.sleep(0.1)  # the cancelled handlers answer UNAVAILABLE
         for connection in list(self._connections):
             connection.close()

@@ -146,8 +146,10 @@ class InferenceServicer:
         template, owner, spans = found
         async with self._registry.lease(template.model, template.version) as version:
             parsed = template.apply(message, spans) if owner is version else None
-            if parsed is None:
-                parsed = grpc_v2.parse_model_infer(_parse(message), version.checks.declared)
+            if parsed is None:  # another version now (a reload), or other sizes: parsed in full, kept anew
+                request = _parse(message)
+                parsed = grpc_v2.parse_model_infer(request, version.checks.declared)
+                self._templates.keep(message, request, parsed, version)
             return await self._answer(version, parsed, context)
 
     async def _infer(

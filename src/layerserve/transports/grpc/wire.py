@@ -99,6 +99,8 @@ def decompress(message: bytes, encoding: bytes | None, max_bytes: int) -> bytes:
         raise CallError(grpc.StatusCode.INTERNAL, f"the message does not decompress: {error}") from None
     if len(inflated) > max_bytes:
         raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, too_large(max_bytes + 1, max_bytes))
+    if not inflater.eof:
+        raise CallError(grpc.StatusCode.INTERNAL, "the compressed message is truncated")
     return inflated
 
 
