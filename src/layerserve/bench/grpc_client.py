@@ -20,6 +20,7 @@ from layerserve.bench.loops import run_timed
 from layerserve.engines.base import probe_batch
 from layerserve.errors import BadRequestError
 from layerserve.tensors import TensorSpec, datatype_of
+from layerserve.transports.grpc.wire import frame
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 _OK = 200  # what the report counts as an answer, as HTTP's status
@@ -64,11 +65,6 @@ def build_grpc_request(
     return serialized
 
 
-def grpc_message(request: bytes) -> bytes:
-    """An encoded message as gRPC sends it: uncompressed, with its 4-byte length."""
-    return b"\x00" + len(request).to_bytes(4, "big") + request
-
-
 async def _loop(host: str, port: int, message: bytes, stop_at: float, out: list[tuple[float, int]]) -> None:
     connection = await H2Connection.open(host, port, MODEL_INFER)
     try:
@@ -94,7 +90,7 @@ def grpc_client_process(args: tuple[str, int, bytes, int, float]) -> tuple[list[
 
     async def main() -> None:
         stop_at = time.perf_counter() + seconds
-        message = grpc_message(request)
+        message = frame(request)
         await asyncio.gather(*(_loop(host, port, message, stop_at, out) for _ in range(loops)))
 
     cpu_seconds = run_timed(main)

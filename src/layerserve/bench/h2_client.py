@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import struct
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+from layerserve.transports.grpc.wire import HTTP2_PREFACE
+
 _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 _BIG_WINDOW = 2**31 - 1
@@ -113,7 +114,7 @@ class H2Connection:
         connection = cls(reader, writer, request_headers(f"{host}:{port}", path))
         settings = struct.pack(">HIHIHI", 0x1, 0, 0x2, 0, 0x4, _BIG_WINDOW)  # table size, no push, window
         writer.write(
-            PREFACE
+            HTTP2_PREFACE
             + connection._frame(_SETTINGS, 0, 0, settings)
             + connection._frame(_WINDOW_UPDATE, 0, 0, struct.pack(">I", _BIG_WINDOW - 65_535))
         )

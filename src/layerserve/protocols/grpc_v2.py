@@ -7,7 +7,6 @@ against the version it leases), its InferResponse becomes a ModelInferResponse.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -211,7 +210,7 @@ class InferTemplates:
     def find(self, message: bytes) -> tuple[_InferTemplate, object | None, list[tuple[int, int]]] | None:
         """The template of a message seen before, the version it was checked for (None once retired) and the
         spans of the message's raw contents; None for a message to parse in full."""
-        split = _raw_input_spans(message) if _LITTLE_ENDIAN else None
+        split = _raw_input_spans(message) if v2.LITTLE_ENDIAN else None
         if split is None:
             return None
         found = self._templates.get(message[: split[0]])
@@ -221,7 +220,7 @@ class InferTemplates:
 
     def keep(self, message: bytes, request: service_pb2.ModelInferRequest, parsed: InferRequest, owner: object) -> None:
         """Keep the template of `message` (parsed in full, and checked for `owner`) when it can have one."""
-        if request.id or not request.raw_input_contents or not _LITTLE_ENDIAN:
+        if request.id or not request.raw_input_contents or not v2.LITTLE_ENDIAN:
             return
         split = _raw_input_spans(message)
         if split is None or split[0] > self._max_prefix_bytes:
@@ -238,9 +237,6 @@ class InferTemplates:
             parsed.model, parsed.version, tuple(inputs), outputs, parsed.timeout_ms, parsed.use_cache
         )
         self._templates.put(message[: split[0]], owner, template)
-
-
-_LITTLE_ENDIAN = sys.byteorder == "little"  # raw contents are little-endian
 
 
 def encode_model_infer(response: InferResponse, max_bytes: int | None = None) -> service_pb2.ModelInferResponse:

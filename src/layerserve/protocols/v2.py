@@ -27,7 +27,7 @@ from layerserve.tensors import (
 HEADER_LENGTH = "inference-header-content-length"
 _U32 = struct.Struct("<I")
 
-_LITTLE_ENDIAN = sys.byteorder == "little"  # V2 binary tensor data is little-endian
+LITTLE_ENDIAN = sys.byteorder == "little"  # V2 binary tensor data (and gRPC raw contents) is little-endian
 
 
 def parse_version_number(raw: str | None) -> int | None:
@@ -148,7 +148,7 @@ def decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) 
             f"{what}: binary_data_size {len(raw)} does not match shape {list(shape)} of {datatype} "
             f"({count * dtype.itemsize} bytes expected)"
         )
-    if _LITTLE_ENDIAN:  # the wire's byte order already: a view of the body, no conversion
+    if LITTLE_ENDIAN:  # the wire's byte order already: a view of the body, no conversion
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
 
@@ -317,7 +317,7 @@ class HeaderTemplates:
         Raises:
             BadRequestError: as `parse_infer_request`.
         """
-        if header_length is None or not _LITTLE_ENDIAN:
+        if header_length is None or not LITTLE_ENDIAN:
             return parse_infer_request(body, header_length, model, version, check)
         header, binary = split_body(body, header_length)
         found = self._templates.get(header)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import grpc
@@ -20,12 +21,26 @@ async def _echo(message: bytes, context: Any) -> bytes:
     return message[::-1]
 
 
+_SERVED: dict[asyncio.Server, set[GrpcConnection]] = {}
+
+
 async def _serve(connections: set[GrpcConnection] | None = None, **more: Any) -> asyncio.Server:
+    """The echo handler and `more` (path: an RpcMethodHandler) on a loopback port (stopped by `_stop`)."""
     handlers = {ECHO.encode(): grpc.unary_unary_rpc_method_handler(_echo)}
-    handlers.update({path.encode(): grpc.unary_unary_rpc_method_handler(h) for path, h in more.items()})
+    handlers.update({path.encode(): handler for path, handler in more.items()})
     loop = asyncio.get_running_loop()
     kept = set() if connections is None else connections
-    return await loop.create_server(lambda: GrpcConnection(handlers, MAX_BYTES, kept), "127.0.0.1", 0)
+    server = await loop.create_server(lambda: GrpcConnection(handlers, MAX_BYTES, kept), "127.0.0.1", 0)
+    _SERVED[server] = kept
+    return server
+
+
+async def _stop(server: asyncio.Server) -> None:
+    """Stop listening and close the connections still open (before the test's loop ends)."""
+    server.close()
+    for connection in list(_SERVED.pop(server)):
+        connection.close()
+    await asyncio.sleep(0)  # the transports finish closing
 
 
 def test_a_whole_message_fits_the_announced_window_and_big_answers_flow() -> None:
@@ -41,7 +56,7 @@ def test_a_whole_message_fits_the_announced_window_and_big_answers_flow() -> Non
             assert await client.call(wire.frame(b"again")) == 0  # the connection still serves
         finally:
             client.close()
-            server.close()
+            await _stop(server)
 
     asyncio.run(main())
 
@@ -65,7 +80,7 @@ def test_many_calls_on_one_connection_each_get_their_own_answer() -> None:
                     raise AssertionError("a message over the limit was answered")
                 assert await echo(b"ok") == b"ko"
         finally:
-            server.close()
+            await _stop(server)
 
     asyncio.run(main())
 
@@ -79,7 +94,7 @@ def test_a_unary_request_of_more_than_one_message_is_refused() -> None:
             assert await client.call(wire.frame(b"one")) == 0
         finally:
             client.close()
-            server.close()
+            await _stop(server)
 
     asyncio.run(main())
 
@@ -94,7 +109,7 @@ def test_going_away_lets_the_call_in_flight_answer_then_closes() -> None:
             return b"done"
 
         connections: set[GrpcConnection] = set()
-        server = await _serve(connections, **{"/test.Echo/Slow": slow})
+        server = await _serve(connections, **{"/test.Echo/Slow": grpc.unary_unary_rpc_method_handler(slow)})
         port = server.sockets[0].getsockname()[1]
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -114,7 +129,7 @@ def test_going_away_lets_the_call_in_flight_answer_then_closes() -> None:
                     await asyncio.sleep(0.01)
                 assert not connections
         finally:
-            server.close()
+            await _stop(server)
 
     asyncio.run(main())
 
@@ -128,9 +143,7 @@ def test_a_streaming_answer_waits_for_the_client_s_window() -> None:
                 await context.write(bytes([index]) * (1 << 20))
                 parked.append(context._connection.stream(context.stream_id).pending_bytes or 0)
 
-        handlers = {b"/test.Echo/Many": grpc.unary_stream_rpc_method_handler(many)}
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: GrpcConnection(handlers, MAX_BYTES, set()), "127.0.0.1", 0)
+        server = await _serve(**{"/test.Echo/Many": grpc.unary_stream_rpc_method_handler(many)})
         try:
             options = [("grpc.max_receive_message_length", MAX_BYTES)]
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", options) as chan:
@@ -142,6 +155,23 @@ def test_a_streaming_answer_waits_for_the_client_s_window() -> None:
             assert all(len(a) == 1 << 20 for a in answers)
             assert max(parked) <= (2 << 20) + 64  # the handler waited instead of parking all 12 MiB
         finally:
-            server.close()
+            await _stop(server)
+
+    asyncio.run(main())
+
+
+def test_an_http1_request_is_told_where_it_belongs() -> None:
+    async def main() -> None:
+        server = await _serve()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+            writer.write(b"POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+            answer = await asyncio.wait_for(reader.read(), 5)  # then the server closes the connection
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 426 ")
+            assert "gRPC port" in json.loads(body)["error"]
+            writer.close()
+        finally:
+            await _stop(server)
 
     asyncio.run(main())

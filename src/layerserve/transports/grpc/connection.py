@@ -279,6 +279,7 @@ class GrpcConnection(asyncio.Protocol):
         self._window: asyncio.Future[None] | None = None
         self._idle: asyncio.Future[None] | None = None
         self._close_when_sent = False
+        self._greeted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Send the server's preface."""
@@ -288,11 +289,7 @@ class GrpcConnection(asyncio.Protocol):
         if isinstance(peer, tuple) and len(peer) >= 2:
             host, port = peer[:2]
             self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
-        self._h2.initiate_connection()
-        self._flush()
-        # zttp 0.0.35 has no setting for its receive windows: larger ones are announced here, after its preface.
-        # It does not hold clients to its own windows and takes the extra SETTINGS ACK (tests/transports/grpc).
-        transport.write(wire.receive_windows(self.max_message_bytes))  # type: ignore[attr-defined]
+        self._h2.initiate_connection()  # sent once the client's first bytes show it speaks HTTP/2 (`_greet`)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Cancel the calls still running."""
@@ -306,6 +303,8 @@ class GrpcConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Read the frames; what they call for (acks, window updates, refusals) leaves at once."""
+        if not self._greeted and not self._greet(data):
+            return
         try:
             self._h2.receive_data(data)
             self._read_events()
@@ -317,6 +316,21 @@ class GrpcConnection(asyncio.Protocol):
         self._flush()
         if self._close_when_sent and not self._h2.has_pending_send():
             self.close()
+
+    def _greet(self, data: bytes) -> bool:
+        """Send the server's preface to an HTTP/2 client; answer an HTTP/1.1 request saying where it belongs."""
+        if not data.startswith(wire.HTTP2_PREFACE[: len(data)]) and b" HTTP/1." in data.split(b"\r\n", 1)[0]:
+            log.warning("HTTP/1.1 request to the gRPC port from %s: answered 426", self.peer)
+            assert self._transport is not None
+            self._transport.write(wire.HTTP1_REFUSAL)
+            self._transport.close()
+            return False
+        self._greeted = True
+        # zttp 0.0.35 has no setting for its receive windows: larger ones are announced here, after its preface.
+        # It does not hold clients to its own windows and takes the extra SETTINGS ACK (tests/transports/grpc).
+        self._flush()
+        self._transport.write(wire.receive_windows(self.max_message_bytes))  # type: ignore[union-attr]
+        return True
 
     def _read_events(self) -> None:
         h2, calls = self._h2, self._calls

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from typing import Any
 
 import grpc
@@ -85,7 +84,6 @@ class GrpcDoor:
                 settings.host,
                 settings.grpc_port,
                 reuse_port=settings.workers > 1,
-                family=socket.AF_UNSPEC,
             )
         except OSError as error:
             raise RuntimeError(f"Failed to bind the gRPC port {address}: {error.strerror or error}") from error

@@ -11,6 +11,19 @@ from urllib.parse import quote
 import grpc
 
 PREFIX_BYTES = 5
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_HTTP1_MESSAGE = (
+    b'{"error": "this is the gRPC port: it speaks HTTP/2 (gRPC clients such as tritonclient.grpc); '
+    b'send HTTP/1.1 requests to the HTTP port (--port, 8000 by default)"}'
+)
+# The answer to an HTTP/1.1 request sent to the gRPC port (curl, a browser, an HTTP client on the wrong port).
+HTTP1_REFUSAL = (
+    b"HTTP/1.1 426 Upgrade Required\r\nupgrade: h2c\r\nconnection: close\r\ncontent-type: application/json\r\n"
+    + b"content-length: "
+    + str(len(_HTTP1_MESSAGE)).encode()
+    + b"\r\n\r\n"
+    + _HTTP1_MESSAGE
+)
 # Answer headers, the same for every call (grpc-accept-encoding: what `decompress` reads).
 RESPONSE_HEADERS = [(b"content-type", b"application/grpc"), (b"grpc-accept-encoding", b"identity,deflate,gzip")]
 # Request headers that are the transport's, not the call's metadata.
