@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -345,43 +346,51 @@ def test_a_training_job_is_cancelled_through_any_replica(cluster_url: str) -> No
         assert client.get("/v2/models/en_long").status_code == 404  # no version was written
 
 
-def _requests_of(url: str, model: str) -> float:
-    """layerserve_requests_total of `model` in the ingress's /metrics (every replica's, summed)."""
+def _request_counts(url: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """layerserve_requests_total in the ingress's /metrics (every replica's, summed), by labels."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    return sum(
-        sample.value
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "layerserve_requests_total" and sample.labels.get("model") == model
-    )
+        if sample.name == "layerserve_requests_total"
+    }
+
+
+def _requests_of(counts: dict[tuple[tuple[str, str], ...], float], model: str) -> float:
+    """The requests of `model` in `counts` (every version, route and status)."""
+    return sum(value for labels, value in counts.items() if dict(labels)["model"] == model)
 
 
 def test_metrics_sum_every_replica_and_label_its_gauges(cluster_url: str) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    before, deadline = _requests_of(cluster_url, "mlp"), time.monotonic() + 30
+    before, deadline = _request_counts(cluster_url), time.monotonic() + 30
     while time.monotonic() < deadline:  # every replica's last requests have reached the board (posts every second)
         time.sleep(1.5)
-        settled = _requests_of(cluster_url, "mlp")
-        if settled == before:
+        settled = _request_counts(cluster_url)
+        if _requests_of(settled, "mlp") == _requests_of(before, "mlp"):
             break
         before = settled
     x = np.ones((1, 10), np.float32)
     body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
-    answered_by: set[str] = set()
+    answered_by: Counter[str] = Counter()
     with httpx.Client(base_url=cluster_url, timeout=60) as client:
         for _ in range(30):
             answer = client.post("/v2/models/mlp/infer", json=body)
             assert answer.status_code == 200, answer.text
-            answered_by.add(answer.headers[REPLICA_HEADER])
+            answered_by[answer.headers[REPLICA_HEADER]] += 1
     assert len(answered_by) == 2
     deadline = time.monotonic() + 30  # the other replica's counts reach the board within a second (or a few, loaded)
-    while _requests_of(cluster_url, "mlp") - before < 30 and time.monotonic() < deadline:
+    after = _request_counts(cluster_url)
+    while _requests_of(after, "mlp") - _requests_of(before, "mlp") < 30 and time.monotonic() < deadline:
         time.sleep(0.5)
-    after = _requests_of(cluster_url, "mlp")
-    assert after - before == 30, (before, after)
+        after = _request_counts(cluster_url)
+    changed = {labels: after.get(labels, 0) - before.get(labels, 0) for labels in {*before, *after}}
+    changed = {labels: change for labels, change in changed.items() if change}  # which series moved, if it fails
+    assert _requests_of(after, "mlp") - _requests_of(before, "mlp") == 30, (changed, answered_by)
     text = httpx.get(f"{cluster_url}/metrics", timeout=30).text
     memory = [
         sample.labels
@@ -390,7 +399,7 @@ def test_metrics_sum_every_replica_and_label_its_gauges(cluster_url: str) -> Non
         if sample.name == "process_resident_memory_bytes"
     ]
     labelled = {f"{labels['node']}/{labels['replica']}" for labels in memory}
-    assert answered_by <= labelled, (answered_by, labelled)
+    assert set(answered_by) <= labelled, (answered_by, labelled)
 
 
 def test_apply_unload_and_load_answer_once_every_replica_made_them(cluster_url: str) -> None:

@@ -147,9 +147,11 @@ class RequestBoundary:
                 await refuse(send, 500, message)
         finally:
             IN_FLIGHT.dec()
-            await exchange.stop_watching()
             route, seconds = _route_name(scope.get("endpoint")), time.perf_counter() - started
+            # Recorded before the last await: a cancellation arriving there (the server's, once the answer is out)
+            # would otherwise lose an answered request from the counts.
             self._recorder.record(scope["method"], scope["path"], route, exchange.status, seconds)
+            await exchange.stop_watching()
 
 
 def _route_name(endpoint: Any) -> str:
