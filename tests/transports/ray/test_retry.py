@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from layerserve.transports.ray.replica import REPLICA_HEADER
-from layerserve.transports.ray.retry import RetryLostReplica
+from layerserve.transports.ray.retry import RetryLostReplica, proxy_middlewares
 
 pytestmark = pytest.mark.anyio
 
@@ -74,3 +74,13 @@ async def test_a_training_job_submission_is_never_sent_twice() -> None:
     sent = await _call(app, path="/v2/models/reviews/train")
     assert len(app.bodies) == 1 and sent[0]["status"] == 503
     assert "/v2/jobs" in orjson.loads(sent[1]["body"])["error"]
+
+
+def test_the_proxy_retries_and_a_replicas_own_server_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray.serve import context
+
+    assert [m.cls for m in proxy_middlewares()] == [RetryLostReplica]  # Ray's proxy: no replica context
+    # Direct ingress: Ray Serve builds each replica's own HTTP server from the same callback, in the replica, once
+    # its context is set; a retry there would only send the request to the replica that lost it.
+    monkeypatch.setattr(context, "_INTERNAL_REPLICA_CONTEXT", object())
+    assert proxy_middlewares() == []

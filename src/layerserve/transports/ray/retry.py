@@ -100,7 +100,13 @@ async def _send_lost(send: Send, message: str) -> None:
 
 
 def proxy_middlewares() -> list[Middleware]:
-    """The middlewares of Ray Serve's HTTP proxy (its callback, named by PROXY_CALLBACK)."""
+    """The middlewares of Ray Serve's HTTP proxy (its callback, named by PROXY_CALLBACK). None on a replica's own
+    HTTP server (direct ingress, behind HAProxy), where Ray Serve installs them too: a request there shares its
+    replica's fate, so there is nothing to send again, and the wrapper would only cost every request its time."""
+    from ray.serve.context import _get_internal_replica_context
+
+    if _get_internal_replica_context() is not None:  # type: ignore[no-untyped-call]
+        return []
     return [Middleware(RetryLostReplica)]
 
 
