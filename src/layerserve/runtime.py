@@ -101,7 +101,8 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.registry.close()
+        # Off the loop: a batch sent from the loop to an engine process gets its answer while the engines close.
+        await asyncio.get_running_loop().run_in_executor(None, self.registry.close)
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
         await wait_closed(self._cache_backend)
 

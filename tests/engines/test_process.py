@@ -3,6 +3,7 @@ memory, their processes kept for the next session, and a killed one failing its 
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import uvloop
 
 from layerserve.engines.base import probe_batch
 from layerserve.engines.onnx import OnnxEngine, export_and_verify
@@ -107,6 +109,45 @@ def test_process_engine_equals_the_in_process_engine_and_keras(
         remote.close()
 
 
+def test_a_batch_sent_from_the_event_loop_equals_run_also_after_a_cancelled_caller(
+    multi_graph: tuple[object, Path], pool: EngineProcessPool
+) -> None:
+    model, graph = multi_graph
+    inputs = read_signature(model).inputs
+    local, remote = OnnxEngine(graph, inputs, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 2)
+    rng = np.random.default_rng(1)
+    small, large, other = (
+        [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
+        for rows in (5, 30_000, 3)
+    )
+
+    def assert_answers(batch: list[np.ndarray], got: list[np.ndarray]) -> None:
+        for mine, theirs in zip(got, local.run(batch), strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+
+    async def scenario() -> None:
+        for batch in (small, large):  # inside the message, then through shared memory
+            assert_answers(batch, await remote.run_async(batch))
+        # A caller cancelled while its batch computes: its answer is still read, so the next calls get their own;
+        # they come while it holds the session, so they wait for it on a thread, one after the other.
+        cancelled = asyncio.ensure_future(remote.run_async(large))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        first, second = await asyncio.gather(remote.run_async(small), remote.run_async(other))
+        assert cancelled.cancelled()
+        assert_answers(small, first)
+        assert_answers(other, second)
+        with pytest.raises(RuntimeError, match=r"tokens|features|Got invalid dimensions"):
+            await remote.run_async([np.zeros((2, 5), np.float32), np.zeros((2, 3), np.int32)])
+        assert_answers(other, await remote.run_async(other))
+
+    try:
+        uvloop.run(scenario())  # the server's loop, whose add_reader makes the socket non-blocking
+        assert_answers(large, remote.run(large))  # and `run` (blocking) still reads whole answers after it
+    finally:
+        remote.close()
+
+
 def test_a_closed_engines_process_is_kept_for_the_next_one(
     multi_graph: tuple[object, Path], pool: EngineProcessPool
 ) -> None:
@@ -179,9 +220,11 @@ def test_a_killed_shared_process_fails_every_session_in_it(multi_graph: tuple[ob
     first, second = ProcessOnnxEngine(pool, graph, inputs, 1, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 1)
     assert first.pid is not None and first.pid == second.pid
     os.kill(first.pid, signal.SIGKILL)
+    with pytest.raises(EngineProcessError, match="killed by SIGKILL"):
+        uvloop.run(first.run_async(probe_batch(inputs, 2)))  # sent from the event loop
+    with pytest.raises(EngineProcessError, match="killed by SIGKILL"):
+        second.run(probe_batch(inputs, 2))
     for engine in (first, second):
-        with pytest.raises(EngineProcessError, match="killed by SIGKILL"):
-            engine.run(probe_batch(inputs, 2))
         engine.close()
     assert pool.process_count == 0
     replacement = ProcessOnnxEngine(pool, graph, inputs, 1, 1)  # a new process for the next session

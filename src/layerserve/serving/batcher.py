@@ -7,7 +7,7 @@ import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -19,6 +19,7 @@ from layerserve.serving.statistics import VersionStatistics
 from layerserve.tensors import Array
 
 RunBatch = Callable[[list[Array]], list[Array]]
+RunBatchAsync = Callable[[list[Array]], Awaitable[list[Array]]]
 
 
 @dataclass
@@ -45,7 +46,8 @@ class Batcher:
     runs alone. Every caller gets exactly its own rows back, or the error its own rows cause. With
     `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
     thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on the loop's next
-    turn (see `_flush_inline`), not a task.
+    turn (see `_flush_inline`), not a task. With `run_async`, batches are sent from the event loop instead of the
+    model thread (an engine process's session: the answer wakes the loop directly).
     """
 
     def __init__(
@@ -58,8 +60,10 @@ class Batcher:
         labels: tuple[str, str],
         is_inline: bool = False,
         statistics: VersionStatistics | None = None,
+        run_async: RunBatchAsync | None = None,
     ) -> None:
         self._run = run
+        self._run_async = run_async
         self._is_inline = is_inline
         self._statistics = statistics
         self._thread = thread
@@ -195,6 +199,8 @@ class Batcher:
             arrays = _joined(batch)
             if self._is_inline:
                 outputs = self._run(arrays)
+            elif self._run_async is not None:
+                outputs = await self._run_async(arrays)
             else:
                 outputs = await asyncio.get_running_loop().run_in_executor(self._thread, self._run, arrays)
             split = _split(outputs, [p.rows for p in batch])

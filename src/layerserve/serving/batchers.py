@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -16,6 +16,7 @@ from layerserve.tensors import Array
 _MAX_BATCHERS = 64  # beyond this many input/output/shape sets, idle batchers are dropped
 
 RunNamed = Callable[[dict[str, Array], tuple[str, ...]], dict[str, Array]]
+RunNamedAsync = Callable[[dict[str, Array], tuple[str, ...]], Awaitable[dict[str, Array]]]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class BatchingPlan:
 class BatcherTable:
     """Requests with the same input names, outputs and non-batch shapes share one batcher; all of a version's
     batchers share its queue budget and its model thread. `run` computes one batch (on the model thread, or on
-    the event loop for a full-model call when `is_inline` says so)."""
+    the event loop for a full-model call when `is_inline` says so); `run_async`, with the names it takes, sends one
+    from the event loop instead of the model thread."""
 
     def __init__(
         self,
@@ -53,8 +55,10 @@ class BatcherTable:
         labels: tuple[str, str],
         statistics: VersionStatistics,
         is_inline: Callable[[tuple[str, ...], tuple[str, ...]], bool],
+        run_async: tuple[RunNamedAsync, Callable[[tuple[str, ...], tuple[str, ...]], bool]] | None = None,
     ) -> None:
         self._run = run
+        self._run_async = run_async
         self._thread = thread
         self._max_batch_size = plan.max_batch_size
         self._max_delay_s = plan.max_delay_s
@@ -90,9 +94,17 @@ class BatcherTable:
             results = self._run(dict(zip(names, arrays, strict=True)), wanted)
             return [results[name] for name in wanted]
 
+        run_async = None
+        if self._run_async is not None and self._run_async[1](names, wanted):
+            run_named_async = self._run_async[0]
+
+            async def run_async(arrays: list[Array]) -> list[Array]:
+                results = await run_named_async(dict(zip(names, arrays, strict=True)), wanted)
+                return [results[name] for name in wanted]
+
         batcher = Batcher(
             run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, self._labels,
-            self._is_inline(names, wanted), self._statistics,
+            self._is_inline(names, wanted), self._statistics, run_async,
         )  # fmt: skip
         self._batchers[key] = batcher
         return batcher

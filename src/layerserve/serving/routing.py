@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from layerserve.engines.base import Engine
+from layerserve.engines.process.engine import ProcessOnnxEngine
 from layerserve.errors import EngineProcessError
 from layerserve.serving.cuts import CutCache
 from layerserve.serving.layers import LayerGraph
@@ -28,6 +29,26 @@ class VersionRouter:
     def is_full_model(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> bool:
         """Whether the model's own call answers these names (model inputs in, model outputs out)."""
         return self._graph.is_full_model(inputs, outputs)
+
+    def sends_from_loop(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> bool:
+        """Whether a batch of these names is sent from the event loop (`run_async`): the full model's, on an engine
+        process. Any other batch runs on the model thread (`run`)."""
+        return isinstance(self.engine, ProcessOnnxEngine) and self._graph.is_full_model(inputs, outputs)
+
+    async def run_async(self, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
+        """On the event loop: one full-model batch through the engine process (see `sends_from_loop`).
+
+        Raises:
+            EngineProcessError: the engine's process is gone (the version is told first).
+        """
+        assert isinstance(self.engine, ProcessOnnxEngine), "sends_from_loop says which batches come here"
+        try:
+            results = await self.engine.run_async([inputs[name] for name in self._inputs])
+        except EngineProcessError as error:
+            self._on_engine_lost(error.message)
+            raise
+        by_name = dict(zip(self._outputs, results, strict=True))
+        return {name: by_name[name] for name in outputs}
 
     def run(self, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
         """On the model thread: one batch through the engine that answers its names.

@@ -118,6 +118,7 @@ class ModelVersion:
         self._batchers = BatcherTable(
             router.run, self._thread, loaded.plan, settings.request_timeout_ms, (self.name, str(self.version)),
             self.statistics, is_inline=lambda names, wanted: inline and router.is_full_model(names, wanted),
+            run_async=(router.run_async, router.sends_from_loop),
         )  # fmt: skip
 
     @property

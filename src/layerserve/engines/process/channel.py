@@ -16,6 +16,8 @@ from layerserve.tensors import Array
 
 _INLINE_BYTES = 64 << 10  # smaller arrays travel inside the message
 
+Message = tuple[str, Any]  # (tag, body)
+
 
 class Channel:
     """Arrays over a connection: small ones inside the message, larger ones through a shared memory buffer
@@ -62,7 +64,7 @@ class Channel:
         finally:
             os.close(handle)
 
-    def receive(self, copy: bool) -> tuple[str, Any]:
+    def receive(self, copy: bool) -> Message:
         """The next message as (tag, body); arrays in shared memory are copied out when `copy`, else views
         valid until this side sends again."""
         while True:

@@ -1,13 +1,16 @@
-"""ProcessOnnxEngine: an ONNX Runtime session in an engine process; `run` sends the batch there and waits."""
+"""ProcessOnnxEngine: an ONNX Runtime session in an engine process; `run` sends the batch there and waits, and
+`run_async` does the same from the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import threading
 from pathlib import Path
 
 from layerserve.engines.base import EngineKind
-from layerserve.engines.process.channel import Channel
+from layerserve.engines.process.channel import Channel, Message
 from layerserve.engines.process.pool import EngineHost, EngineProcessPool
 from layerserve.errors import EngineProcessError, ModelLoadError
 from layerserve.tensors import Array, TensorSpec
@@ -81,25 +84,86 @@ class ProcessOnnxEngine:
                 raise EngineProcessError(f"the engine of {self._graph} is closed")
             try:
                 self._channel.send_arrays(inputs)
-                tag, body = self._channel.receive(copy=True)
+                received = self._channel.receive(copy=True)
             except (EOFError, OSError):
                 raise EngineProcessError(host.gone(self._graph)) from None
-        if tag == "error":
-            raise RuntimeError(body)
-        results: list[Array] = body
-        return results
+        return _outputs(received)
+
+    async def run_async(self, inputs: list[Array]) -> list[Array]:
+        """`run` from the event loop: the batch is sent from the loop and its answer wakes the loop, instead of two
+        more hops through a model thread. While another call holds the session, `run` on the loop's executor.
+
+        The answer is read even when the caller is cancelled, so the next call gets its own.
+
+        Raises:
+            EngineProcessError, RuntimeError: as `run`.
+        """
+        loop = asyncio.get_running_loop()
+        if not self._lock.acquire(blocking=False):
+            return await loop.run_in_executor(None, self.run, inputs)
+        host = self._host
+        try:
+            if host is None:
+                raise EngineProcessError(f"the engine of {self._graph} is closed")
+            self._channel.send_arrays(inputs)
+        except (EOFError, OSError):
+            self._lock.release()
+            raise EngineProcessError(host.gone(self._graph)) from None  # type: ignore[union-attr]
+        except BaseException:
+            self._lock.release()
+            raise
+        answer: asyncio.Future[Message | None] = loop.create_future()
+        fd = self._channel.connection.fileno()
+
+        def readable() -> None:
+            loop.remove_reader(fd)
+            received: Message | None = None
+            try:
+                os.set_blocking(fd, True)  # uvloop's add_reader makes the socket non-blocking; `receive` blocks
+                received = self._channel.receive(copy=True)
+            except (EOFError, OSError):
+                pass  # the process is gone: None
+            finally:
+                self._lock.release()
+            if not answer.done():
+                answer.set_result(received)
+
+        loop.add_reader(fd, readable)
+        received = await answer
+        if received is None:
+            raise EngineProcessError(host.gone(self._graph))
+        return _outputs(received)
 
     def close(self) -> None:
         """Free the session in its process (after the batch it runs); a process left without sessions is kept
         for the next one or stopped, and a stopped process returns all its memory."""
-        with self._lock:
+        # Bounded: a call sent from an event loop that stopped before its answer came would hold the lock forever.
+        acquired = self._lock.acquire(timeout=_RELEASE_TIMEOUT_S)
+        try:
             host, self._host = self._host, None
             if host is None:
                 return
-            with contextlib.suppress(EOFError, OSError):
-                self._channel.send("release")
-                if self._channel.connection.poll(_RELEASE_TIMEOUT_S):
-                    self._channel.receive(copy=True)
+            if acquired:  # else the process frees the session when it sees the connection close
+                with contextlib.suppress(EOFError, OSError):
+                    self._channel.send("release")
+                    if self._channel.connection.poll(_RELEASE_TIMEOUT_S):
+                        self._channel.receive(copy=True)
             self._channel.connection.close()
+        finally:
+            if acquired:
+                self._lock.release()
         host.session_bytes -= self.session_bytes
         self._pool.session_closed(host)
+
+
+def _outputs(received: Message) -> list[Array]:
+    """A call's outputs from the engine process's answer.
+
+    Raises:
+        RuntimeError: ONNX Runtime refused the batch (its message).
+    """
+    tag, body = received
+    if tag == "error":
+        raise RuntimeError(body)
+    results: list[Array] = body
+    return results
