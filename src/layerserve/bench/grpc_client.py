@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from layerserve.bench.h2_client import ConnectionLostError, H2Connection
+from layerserve.bench.h2_client import ConnectionLostError, GoingAwayError, H2Connection
 from layerserve.bench.loops import run_timed
 from layerserve.engines.base import probe_batch
 from layerserve.errors import BadRequestError
@@ -72,6 +72,10 @@ async def _loop(host: str, port: int, message: bytes, stop_at: float, out: list[
             started = time.perf_counter()
             try:
                 code = await connection.call(message)
+            except GoingAwayError:  # not taken: sent again on a new connection, as gRPC clients do
+                connection.close()
+                connection = await H2Connection.open(host, port, MODEL_INFER)
+                continue
             except (ConnectionLostError, ConnectionError, asyncio.IncompleteReadError):
                 out.append((time.perf_counter() - started, 0))
                 connection.close()

@@ -15,7 +15,17 @@ from layerserve.transports.grpc.wire import HTTP2_PREFACE
 _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 _BIG_WINDOW = 2**31 - 1
+_REFUSED_STREAM = 7
 _UNKNOWN = 2  # gRPC's UNKNOWN: an answer whose status could not be read
+
+
+class GoingAwayError(Exception):
+    """The server went away before taking the call (GOAWAY, REFUSED_STREAM): send it again on a new connection.
+    `code` is the GOAWAY's error code (0: a graceful one)."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ConnectionLostError(Exception):
@@ -106,6 +116,8 @@ class H2Connection:
         self._stream_window = 0
         self._max_frame = 16_384
         self._received = 0
+        self._last_taken: int | None = None  # the last stream the server takes, once it sent GOAWAY
+        self._going_away_code = 0
 
     @classmethod
     async def open(cls, host: str, port: int, path: str) -> H2Connection:
@@ -160,11 +172,19 @@ class H2Connection:
                 self._send_window += increment
             elif stream == self._stream:
                 self._stream_window += increment
-        elif kind == _GOAWAY:
-            raise ConnectionLostError("the server sent GOAWAY")
+        elif kind == _GOAWAY:  # calls up to its last stream are answered; later ones are not taken
+            self._last_taken = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+            self._going_away_code = int.from_bytes(payload[4:8], "big")
 
     async def call(self, message: bytes) -> int:
-        """Send one gRPC message (already framed with its 5-byte prefix); the answer's status code number."""
+        """Send one gRPC message (already framed with its 5-byte prefix); the answer's status code number.
+
+        Raises:
+            GoingAwayError: the server sent GOAWAY before taking the call.
+            ConnectionLostError: the connection ended.
+        """
+        if self._last_taken is not None:
+            raise GoingAwayError(f"the server is going away after stream {self._last_taken}", self._going_away_code)
         self._stream += 2
         stream, self._stream_window = self._stream, self._initial_window
         frames = [self._frame(_HEADERS, _END_HEADERS, stream, self._headers)]  # sent with the data: one write
@@ -192,8 +212,12 @@ class H2Connection:
             kind, flags, on, payload = await self._next_frame()
             if on != stream or kind not in (_DATA, _HEADERS, _CONTINUATION, _RST_STREAM):
                 self._control(kind, flags, on, payload)
+                if self._last_taken is not None and stream > self._last_taken:
+                    raise GoingAwayError(f"the server went away before taking stream {stream}", self._going_away_code)
                 continue
             if kind == _RST_STREAM:
+                if int.from_bytes(payload[:4], "big") == _REFUSED_STREAM:
+                    raise GoingAwayError(f"the server refused stream {stream}")
                 return _UNKNOWN
             if kind == _DATA:
                 got_message = True

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from layerserve.bench.h2_client import H2Connection
+from layerserve.bench.h2_client import GoingAwayError, H2Connection
 from layerserve.transports.grpc import wire
 from layerserve.transports.grpc.connection import GrpcConnection
 
@@ -80,6 +80,32 @@ def test_many_calls_on_one_connection_each_get_their_own_answer() -> None:
                     raise AssertionError("a message over the limit was answered")
                 assert await echo(b"ok") == b"ko"
         finally:
+            await _stop(server)
+
+    asyncio.run(main())
+
+
+def test_a_long_lived_connection_goes_away_gracefully_before_zttps_stream_limit() -> None:
+    # zttp ends a connection at its 4,096th stream ("flood", ENHANCE_YOUR_CALM): the connection goes away first,
+    # with every call it took answered, and the client's next call is sent again on a new connection.
+    async def main() -> None:
+        server = await _serve()
+        port = server.sockets[0].getsockname()[1]
+        client = await H2Connection.open("127.0.0.1", port, ECHO)
+        answered, reconnects = 0, 0
+        try:
+            while answered < 4_500:
+                try:
+                    assert await client.call(wire.frame(b"hi")) == 0
+                    answered += 1
+                except GoingAwayError as going_away:
+                    assert going_away.code == 0, going_away  # NO_ERROR, not zttp's ENHANCE_YOUR_CALM (11)
+                    client.close()
+                    client = await H2Connection.open("127.0.0.1", port, ECHO)
+                    reconnects += 1
+            assert reconnects == 1 and answered == 4_500
+        finally:
+            client.close()
             await _stop(server)
 
     asyncio.run(main())

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 _OK = grpc.StatusCode.OK
 _END = object()  # ends a streaming request's messages
 _MAX_PARKED_BYTES = 1 << 20  # a streaming answer waits while more than this waits for the client's window
+# zttp 0.0.35 ends a connection with ENHANCE_YOUR_CALM ("flood") at its 4,096th stream, however slowly they come;
+# a connection is told to go away (gracefully: clients reconnect) before that.
+_MAX_STREAMS = 4_000
 
 
 def _header(headers: Any, name: bytes) -> bytes | None:
@@ -274,6 +277,7 @@ class GrpcConnection(asyncio.Protocol):
         self._calls: dict[int, Call] = {}
         self._flush_handle: asyncio.Handle | None = None
         self._last_stream = 0
+        self._streams = 0
         self._going_away = False
         self._writable: asyncio.Future[None] | None = None
         self._window: asyncio.Future[None] | None = None
@@ -393,6 +397,9 @@ class GrpcConnection(asyncio.Protocol):
         self._guard(call, call.start, self.loop)
         if request.end_stream and not call.closed:
             self._guard(call, call.ended, self.loop)
+        self._streams += 1
+        if self._streams >= _MAX_STREAMS and not self._going_away:
+            self.go_away()  # this call is answered; the client opens a new connection for the next ones
 
     # What calls use.
 
