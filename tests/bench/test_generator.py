@@ -65,7 +65,8 @@ def test_grpc_protocol_counts_every_request(server: LiveServer) -> None:
         assert "vs_bare" in step
     assert served >= 2 * sum(s["requests"] for s in report["steps"])
     # The bare gRPC stack answered every call with grpc-status 0 (a status the client could not read counts as 2).
-    assert all(step["errors"] == {} and step["requests"] > 0 for step in report["bare"]), [s["errors"] for s in report["bare"]]
+    bare_errors = [step["errors"] for step in report["bare"]]
+    assert all(step["errors"] == {} and step["requests"] > 0 for step in report["bare"]), bare_errors
     errors = run_bench(BenchOptions(url=server.url, model="corrupt", workload="tensor", concurrency=[1],
                                     duration_s=0.3, protocol="grpc", grpc_port=server.grpc_port))  # fmt: skip
     assert set(errors["steps"][0]["errors"]) == {"14"}  # UNAVAILABLE
