@@ -1,13 +1,23 @@
-"""ModelLane: a model's infer, classify and features paths parsed as the router's routes would match them; what it
-does not take reaches the router."""
+"""The model lane: a model's infer, classify and features paths parsed as the router's routes would match them, and
+answered below ASGI by the server's protocol (DirectLane) or through the app (ModelLane) as the route answers them;
+what the lane does not take reaches the router."""
 
 from __future__ import annotations
 
-import httpx
-import pytest
+import socket
+from typing import Any
 
+import httpx
+import numpy as np
+import orjson
+import pytest
+from starlette.requests import Request
+from starlette.responses import Response
+
+from layerserve.transports.http import model_lane
+from layerserve.transports.http.direct_lane import DirectLane, LaneCall
 from layerserve.transports.http.model_lane import model_route
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, metric_sample
 
 
 @pytest.mark.parametrize(
@@ -52,3 +62,93 @@ def test_classify_and_features_take_the_lane_with_the_route_s_answers(server: Li
     assert wrong_method.status_code == 405 and "allowed: POST" in wrong_method.json()["error"]
     metrics = httpx.get(f"{server.url}/metrics").text  # counted under the route's own name, as the router would
     assert 'route="image.features",status="415"' in metrics.replace('model="mlp",', "")
+
+
+def _infer_json(rows: int) -> bytes:
+    x = np.random.default_rng(rows).normal(size=(rows, 10)).astype(np.float32)
+    return orjson.dumps({"inputs": [{"name": "x", "shape": [rows, 10], "datatype": "FP32", "data": x.reshape(-1)}]},
+                        option=orjson.OPT_SERIALIZE_NUMPY)  # fmt: skip
+
+
+def _request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: test", f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
+    """`count` answers (status, body) read from a connection, each framed by its Content-Length."""
+    buffer, answers = b"", []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in buffer:
+            chunk = sock.recv(65536)
+            assert chunk, f"the server closed the connection after {len(answers)} answers"
+            buffer += chunk
+        head, _, buffer = buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
+        while len(buffer) < length:
+            buffer += sock.recv(65536)
+        answers.append((int(lines[0].split()[1]), buffer[:length]))
+        buffer = buffer[length:]
+    return answers
+
+
+def test_pipelined_lane_and_router_requests_are_answered_in_order_on_one_connection(server: LiveServer) -> None:
+    host, port = server.host_port.split(":")
+    body = _infer_json(3)
+    expected = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body).json()
+    expected_1 = httpx.post(f"{server.url}/v2/models/mlp/versions/1/infer", content=body).json()
+    requests = [
+        _request("POST", "/v2/models/mlp/infer", body),
+        _request("GET", "/v2/models/mlp"),  # the router's
+        _request("POST", "/v2/models/nope/infer", body),  # the lane's error
+        _request("POST", "/v2/models/mlp/versions/1/infer", body),
+    ]
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"".join(requests))  # all four in one write: uvicorn queues the later ones
+        answers = _read_answers(sock, 4)
+        sock.sendall(requests[0])  # the connection stays usable
+        answers += _read_answers(sock, 1)
+    assert [status for status, _ in answers] == [200, 200, 404, 200, 200]
+    for index, wanted in ((0, expected), (3, expected_1), (4, expected)):
+        assert orjson.loads(answers[index][1]) == wanted
+    assert orjson.loads(answers[1][1])["name"] == "mlp"
+    assert "unknown model 'nope'" in orjson.loads(answers[2][1])["error"]
+
+
+def test_an_answer_the_client_accepts_compressed_goes_through_the_app_and_equals_the_lane_s(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served_below_asgi = []
+    serve = DirectLane.serve
+
+    async def counting_serve(self: DirectLane, call: LaneCall, *target: Any) -> None:
+        served_below_asgi.append(call.cycle.scope["path"])
+        await serve(self, call, *target)
+
+    monkeypatch.setattr(DirectLane, "serve", counting_serve)
+    body = _infer_json(200)  # an answer over compress_min_bytes
+    route = {"model": "mlp", "route": "v2.infer", "status": "200"}
+    before = metric_sample(server.url, "layerserve_requests_total", **route)
+    plain = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body, headers={"Accept-Encoding": "identity"})
+    compressed = httpx.post(f"{server.url}/v2/models/mlp/infer", content=body, headers={"Accept-Encoding": "gzip"})
+    assert plain.status_code == compressed.status_code == 200
+    assert "content-encoding" not in plain.headers and compressed.headers["content-encoding"] == "gzip"
+    assert compressed.json() == plain.json()  # httpx decompresses
+    assert served_below_asgi == ["/v2/models/mlp/infer"]  # the plain one; the app compressed the other
+    assert metric_sample(server.url, "layerserve_requests_total", **route) == before + 2
+
+
+def test_an_unexpected_error_in_a_lane_route_is_a_500_with_an_id_and_the_connection_stays_usable(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(request: Request) -> Response:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(model_lane._ENDPOINTS, "infer", broken)
+    with httpx.Client(base_url=server.url) as client:
+        failed = client.post("/v2/models/mlp/infer", content=_infer_json(1))
+        assert failed.status_code == 500 and failed.json()["error"].startswith("internal error ")
+        monkeypatch.undo()
+        assert client.post("/v2/models/mlp/infer", content=_infer_json(1)).status_code == 200

@@ -43,6 +43,7 @@ from layerserve.transports.http import (
 )
 from layerserve.transports.http.bodies import JSONResponse, error_response
 from layerserve.transports.http.boundary import RequestBoundary
+from layerserve.transports.http.direct_lane import DirectLane
 from layerserve.transports.http.middleware import AuthMiddleware, CompressMiddleware
 from layerserve.transports.http.model_lane import ModelLane
 
@@ -174,4 +175,5 @@ def create_app(runtime: Runtime) -> Starlette:
     )
     app.state.runtime = runtime
     app.state.header_templates = HeaderTemplates()  # V2 binary headers seen before, parsed once (see HeaderTemplates)
+    app.state.direct_lane = DirectLane(app, runtime.settings)  # a model's requests, from the server's protocol
     return app

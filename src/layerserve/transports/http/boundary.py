@@ -147,14 +147,14 @@ class RequestBoundary:
                 await refuse(send, 500, message)
         finally:
             IN_FLIGHT.dec()
-            route, seconds = _route_name(scope.get("endpoint")), time.perf_counter() - started
+            route, seconds = route_name(scope.get("endpoint")), time.perf_counter() - started
             # Recorded before the last await: a cancellation arriving there (the server's, once the answer is out)
             # would otherwise lose an answered request from the counts.
             self._recorder.record(scope["method"], scope["path"], route, exchange.status, seconds)
             await exchange.stop_watching()
 
 
-def _route_name(endpoint: Any) -> str:
+def route_name(endpoint: Any) -> str:
     """`v2.infer`, `tfserving.predict`, ...: the module and function that answered; `none` if no route did."""
     if endpoint is None:
         return "none"

@@ -21,12 +21,18 @@ _MANAGEMENT = re.compile(
 _PUBLIC = re.compile(r"^/v2/health/|^/console(/|$)|^/$")  # the console's page and files hold no data
 
 
-async def refuse(send: Send, status: int, message: str) -> None:
-    """Answer `{"error": message}` with `status` (and, for 401, the Bearer challenge)."""
+def refusal(status: int, message: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of `{"error": message}` with `status` (and, for 401, the Bearer challenge)."""
     body = orjson.dumps({"error": message})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="layerserve"'))
+    return headers, body
+
+
+async def refuse(send: Send, status: int, message: str) -> None:
+    """Answer `{"error": message}` with `status` (see `refusal`)."""
+    headers, body = refusal(status, message)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -54,7 +60,7 @@ def _bearer(scope: Scope) -> bytes | None:
     return None
 
 
-class AuthMiddleware:
+class TokenCheck:
     """`admin_token` guards the management routes; `api_token` (if set) every route but health and the console's
     page (which asks for the token and sends it with every API call).
 
@@ -62,31 +68,50 @@ class AuthMiddleware:
     in constant time.
     """
 
-    def __init__(self, app: ASGIApp, admin_token: str | None, api_token: str | None) -> None:
-        self.app = app
+    def __init__(self, admin_token: str | None, api_token: str | None) -> None:
         self._admin = admin_token.encode() if admin_token else None
         self._api = api_token.encode() if api_token else None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Check the token the route needs, then pass the request on."""
-        if scope["type"] != "http" or _PUBLIC.match(scope["path"]):
-            await self.app(scope, receive, send)
-            return
+    def refusal(self, scope: Scope) -> tuple[int, str] | None:
+        """The status and message that refuse this request, or None if its token (or route) lets it through."""
+        if _PUBLIC.match(scope["path"]):
+            return None
         is_management = bool(_MANAGEMENT.match(scope["path"]))
         accepted = [t for t in ((self._admin,) if is_management else (self._admin, self._api)) if t is not None]
         needed = (is_management and self._admin is not None) or (not is_management and self._api is not None)
-        if needed:
-            token = _bearer(scope)
-            kind = "an admin" if is_management else "an API"
-            if not token:
-                await refuse(send, 401, f"this route needs {kind} token: send 'Authorization: Bearer <token>'")
-                return
-            # Every candidate is compared, so the time taken does not tell which one came close.
-            matches = [hmac.compare_digest(token, candidate) for candidate in accepted]
-            if not any(matches):
-                await refuse(send, 403, f"the bearer token is not {kind} token of this server")
-                return
+        if not needed:
+            return None
+        token = _bearer(scope)
+        kind = "an admin" if is_management else "an API"
+        if not token:
+            return 401, f"this route needs {kind} token: send 'Authorization: Bearer <token>'"
+        # Every candidate is compared, so the time taken does not tell which one came close.
+        matches = [hmac.compare_digest(token, candidate) for candidate in accepted]
+        if not any(matches):
+            return 403, f"the bearer token is not {kind} token of this server"
+        return None
+
+
+class AuthMiddleware:
+    """Refuses a request without the token its route needs (see TokenCheck)."""
+
+    def __init__(self, app: ASGIApp, admin_token: str | None, api_token: str | None) -> None:
+        self.app = app
+        self._check = TokenCheck(admin_token, api_token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Check the token the route needs, then pass the request on."""
+        refused = self._check.refusal(scope) if scope["type"] == "http" else None
+        if refused is not None:
+            await refuse(send, *refused)
+            return
         await self.app(scope, receive, send)
+
+
+def accepted_encoding(scope: Scope) -> str | None:
+    """The answer encoding the client accepts that CompressMiddleware would use (gzip first, else deflate)."""
+    accepted = (header_value(scope, b"accept-encoding") or b"").decode("latin-1")
+    return "gzip" if "gzip" in accepted else "deflate" if "deflate" in accepted else None
 
 
 class _DeflateResponder(GZipResponder):
@@ -108,11 +133,11 @@ class CompressMiddleware(GZipMiddleware):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pick the encoding the client accepts, then answer."""
-        accepted = (header_value(scope, b"accept-encoding") or b"").decode("latin-1") if scope["type"] == "http" else ""
-        if "gzip" not in accepted and "deflate" not in accepted:  # nothing to do: no responder wraps the answer
+        encoding = accepted_encoding(scope) if scope["type"] == "http" else None
+        if encoding is None:  # nothing to do: no responder wraps the answer
             await self.app(scope, receive, send)
             return
-        if "gzip" in accepted:
+        if encoding == "gzip":
             await super().__call__(scope, receive, send)
             return
         responder = _DeflateResponder(

@@ -1,15 +1,19 @@
-"""ModelLane: a model's POST infer, classify and features requests straight to their route, past Starlette's router
-and exception middleware.
+"""A model's POST infer, classify and features requests straight to their route, past Starlette's router and
+exception middleware: `lane_target` finds them, `answer` runs the route, and `ModelLane` is the ASGI middleware
+that takes them there.
 
 Every request of a model takes `POST /v2/models/{model}[/versions/{version}]/infer` (or `/classify`, `/features`);
 for a fast model, what the router (a regular expression per route, in order), `request_response` and the exception
-middleware cost is a good part of the server's time per request. The lane sits inside the other middleware (the
-request boundary, tokens, compression), so that only the routing differs: it calls the same route function and
-answers its errors with the same handler. The routes stay in the router (OpenAPI, and any path the lane does not
-take).
+middleware cost is a good part of the server's time per request. The server's own protocol answers these requests
+below ASGI (direct_lane.py); `ModelLane` takes them under any other ASGI server (a Ray replica's) and when the direct
+lane leaves them to the app (a compressed answer). It sits inside the other middleware (the request boundary,
+tokens, compression), so that only the routing differs: it calls the same route function and answers its errors
+with the same handler. The routes stay in the router (OpenAPI, and any path the lane does not take).
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -19,8 +23,12 @@ from layerserve.errors import LayerserveError
 from layerserve.transports.http import image_routes, v2_routes
 from layerserve.transports.http.bodies import error_response
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+
 _PREFIX = "/v2/models/"
-_ENDPOINTS = {"infer": v2_routes.infer, "classify": image_routes.classify, "features": image_routes.features}
+_ENDPOINTS: dict[str, Endpoint] = {
+    "infer": v2_routes.infer, "classify": image_routes.classify, "features": image_routes.features,
+}  # fmt: skip
 
 
 def model_route(path: str) -> tuple[str, dict[str, str]] | None:
@@ -39,6 +47,27 @@ def model_route(path: str) -> tuple[str, dict[str, str]] | None:
     return None
 
 
+def lane_target(scope: Scope) -> tuple[Endpoint, dict[str, str]] | None:
+    """The route function and path parameters of a lane request (a model's POST infer, classify or features);
+    else None."""
+    if scope["method"] != "POST":
+        return None
+    path, root = scope["path"], scope.get("root_path", "")
+    found = model_route(path[len(root) :] if root and path.startswith(root) else path)
+    if found is None:
+        return None
+    action, params = found
+    return _ENDPOINTS[action], params
+
+
+async def answer(endpoint: Endpoint, request: Request) -> Response:
+    """The route's answer, or the answer to its error (as the app's handler of LayerserveError gives it)."""
+    try:
+        return await endpoint(request)
+    except LayerserveError as error:
+        return error_response(request, error)
+
+
 class ModelLane:
     """Takes a model's `POST` infer, classify and features requests to their route directly; passes every other
     request on."""
@@ -48,21 +77,11 @@ class ModelLane:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer a lane request, or pass the request on."""
-        if scope["type"] != "http" or scope["method"] != "POST":
+        target = lane_target(scope) if scope["type"] == "http" else None
+        if target is None:
             await self.app(scope, receive, send)
             return
-        path, root = scope["path"], scope.get("root_path", "")
-        found = model_route(path[len(root) :] if root and path.startswith(root) else path)
-        if found is None:
-            await self.app(scope, receive, send)
-            return
-        action, params = found
-        endpoint = _ENDPOINTS[action]
-        scope["path_params"], scope["endpoint"] = params, endpoint
-        request = Request(scope, receive, send)
-        response: Response
-        try:
-            response = await endpoint(request)
-        except LayerserveError as error:
-            response = error_response(request, error)
+        endpoint, scope["path_params"] = target
+        scope["endpoint"] = endpoint
+        response = await answer(endpoint, Request(scope, receive, send))
         await response(scope, receive, send)

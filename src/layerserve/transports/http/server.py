@@ -1,5 +1,5 @@
 """How uvicorn runs the app: its options (`uvicorn_options`) and HttpProtocol, uvicorn's httptools protocol whose
-answers leave in one send instead of two.
+answers leave in one send instead of two, and which answers a model's requests below ASGI (direct_lane.py).
 
 uvicorn writes an answer's status line and headers as soon as the app sends `http.response.start`, then the body
 at `http.response.body`: two `send` system calls, and on loopback two TCP segments, per answer; for a small model
@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from layerserve.settings import Settings
+from layerserve.transports.http.direct_lane import DirectLane, LaneCall
 
 
 class CoalescingTransport:
@@ -74,11 +75,35 @@ class CoalescingTransport:
 
 
 class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over a `CoalescingTransport` (the server's `http` option)."""
+    """uvicorn's httptools protocol over a `CoalescingTransport` (the server's `http` option); a model's infer,
+    classify and features requests go to the app's `DirectLane` instead of through ASGI."""
+
+    _lane: DirectLane | None = None
+    _lane_call: LaneCall | None = None  # the connection's lane request now answering (one at a time: see pipeline)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Wrap the connection's transport, then set up the connection as uvicorn does."""
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        # The app's lane; none when uvicorn wrapped the app (trace logging) or the app is not layerserve's.
+        self._lane = getattr(getattr(self.app, "state", None), "direct_lane", None)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Start the request's lane task, or (not a lane request) its ASGI task as uvicorn does."""
+        lane = self._lane
+        target = None if lane is None or app is not self.app else lane.target(cycle.scope)  # type: ignore[arg-type]
+        if target is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        call = self._lane_call = LaneCall(cycle)
+        call.task = task = self.loop.create_task(lane.serve(call, *target))  # type: ignore[union-attr]
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """As uvicorn, and a lane request whose answer has not begun is cancelled: nobody is left to answer."""
+        super().connection_lost(exc)
+        if self._lane_call is not None:
+            self._lane_call.cancel()
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
