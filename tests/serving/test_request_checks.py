@@ -82,3 +82,20 @@ def test_base64_text_of_encoded_images_is_decoded_only_for_image_inputs() -> Non
         texts.inputs({"features": np.array([b"hello"], dtype=object), "tokens": tokens}, {"features"})["features"][0]
         == b"hello"
     )
+
+
+def test_a_signature_that_passed_is_not_checked_again_but_its_data_still_is(checks: RequestChecks) -> None:
+    fresh = RequestChecks(checks._graph)  # its own memory of passed signatures
+    good = _good(2)
+    assert fresh.inputs(good)["tokens"] is good["tokens"]
+    out_of_range = {**good, "tokens": np.array([[1, 2, 10], [0, 0, 0]], np.int32)}  # the signature that passed
+    with pytest.raises(BadRequestError, match="value 10 at position"):
+        fresh.inputs(out_of_range)
+    for bad, message in [
+        ({**good, "tokens": np.ones((3, 3), np.int32)}, "inputs disagree on the batch size"),
+        ({"features": good["features"]}, "missing input"),
+        ({**good, "features": good["features"].astype(">f4")}, "has no V2 datatype"),  # another byte order
+    ]:
+        with pytest.raises(BadRequestError, match=message):
+            fresh.inputs(bad)
+    assert len(fresh._passed) == 1

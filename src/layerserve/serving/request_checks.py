@@ -22,6 +22,7 @@ from layerserve.serving.layers import LayerGraph
 from layerserve.tensors import Array, TensorSpec, check_against_spec, check_batch_sizes, datatype_of
 
 _UNSIGNED = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}  # integer width -> the unsigned dtype of it
+_MAX_SIGNATURES = 1024  # input signatures (names, dtypes, shapes) remembered as checked, per version
 
 
 def check_input(
@@ -74,6 +75,7 @@ class RequestChecks:
         self._encoded_input = encoded_input
         self._takes_images = takes_images
         self._index_ranges = graph.index_ranges()
+        self._passed: set[tuple[tuple[str, str, tuple[int, ...]], ...]] = set()  # signatures that passed
 
     def declared(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
         """Check one input's declared name, datatype and shape before a codec reads its data (so that a request
@@ -93,20 +95,31 @@ class RequestChecks:
         """
         if not inputs:
             raise BadRequestError("'inputs' must be a non-empty list")
-        arrays: dict[str, Array] = {}
-        for name, value in inputs.items():
-            array = value if isinstance(value, np.ndarray) else self._from_list(name, value)
-            if array.ndim == 0:
-                raise BadRequestError(f"input '{name}': expected an array with a batch dimension, got a scalar")
-            datatype = datatype_of(array.dtype)
-            check_input(name, datatype, tuple(array.shape), self._graph, self._encoded_input)
-            if name in base64_inputs and name == self._encoded_input and self._takes_images:
-                array = _base64_elements(array, f"input '{name}'")  # texts come as plain strings
-            arrays[name] = array
-        check_model_inputs(arrays, self._graph)
-        check_batch_sizes(arrays)
+        arrays: dict[str, Array] = {
+            name: value if isinstance(value, np.ndarray) else self._from_list(name, value)
+            for name, value in inputs.items()
+        }
+        # Names, datatypes and shapes decide every check but the index ranges: a signature that passed once passes.
+        signature = tuple((name, array.dtype.str, array.shape) for name, array in arrays.items())
+        if signature not in self._passed:
+            self._check_signature(arrays)
+            if len(self._passed) >= _MAX_SIGNATURES:
+                self._passed.clear()
+            self._passed.add(signature)
+        for name in base64_inputs:
+            if name == self._encoded_input and self._takes_images and name in arrays:
+                arrays[name] = _base64_elements(arrays[name], f"input '{name}'")  # texts come as plain strings
         self._check_indices(arrays)
         return arrays
+
+    def _check_signature(self, arrays: dict[str, Array]) -> None:
+        """Each input's name, datatype and shape; that every model input is given; one batch size."""
+        for name, array in arrays.items():
+            if array.ndim == 0:
+                raise BadRequestError(f"input '{name}': expected an array with a batch dimension, got a scalar")
+            check_input(name, datatype_of(array.dtype), tuple(array.shape), self._graph, self._encoded_input)
+        check_model_inputs(arrays, self._graph)
+        check_batch_sizes(arrays)
 
     def _from_list(self, name: str, value: Any) -> Array:
         try:
@@ -133,7 +146,7 @@ class RequestChecks:
             if array is None or array.dtype.kind not in "iuf" or array.size == 0:
                 continue
             if array.dtype.kind in "iu":  # one reduction: seen unsigned, a negative value is past any size
-                if np.maximum.reduce(array.view(_UNSIGNED[array.dtype.itemsize]), axis=None) < size:
+                if array.view(_UNSIGNED[array.dtype.itemsize]).max() < size:
                     continue
             elif array.min() >= 0 and array.max() < size:
                 continue

@@ -72,8 +72,9 @@ async def infer(request: Request) -> Response:
         content, length = v2.encode_infer_response(parsed, await runtime.data.infer_on(version, parsed))
         if length is None:
             return Response(content, media_type="application/json")
-        headers = {"Inference-Header-Content-Length": str(length)}
-        return Response(content, media_type="application/octet-stream", headers=headers)
+        response = Response(content, media_type="application/octet-stream")
+        response.raw_headers.append((_HEADER_LENGTH, str(length).encode()))  # Starlette's `headers` cost 3 us more
+        return response
 
 
 _MODEL = "/v2/models/{model}"
