@@ -258,7 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-cache", action="store_true", help="ask the server to bypass its feature cache")
     bench.add_argument("--in-process", type=Path, default=None, metavar="REPOSITORY",
                        help="also measure the model in process (best batch, same engine): the ceiling")  # fmt: skip
-    bench.add_argument("--bare", action="store_true", help="also measure the bare HTTP stack returning a constant")
+    bench.add_argument(
+        "--bare", action="store_true",
+        help="also measure the bare HTTP stack returning a constant, in slices alternating with the server's",
+    )  # fmt: skip
     bench.add_argument("--client-processes", type=int, default=1, help="processes generating load")
     bench.add_argument("--output", type=Path, default=None, help="write the report as JSON")
     bench.add_argument("--plot", type=Path, default=None, help="write throughput and p99 vs concurrency as PNG")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import httpx
+import pytest
 
 from layerserve.bench.generator import BenchOptions, build_workload, run_bench
 from tests.live_server import LiveServer
@@ -35,7 +37,8 @@ def test_bench_tensor_workload_with_bare_baseline_and_ceiling(
         assert step["samples_s"] == 3 * step["req_s"]
         assert 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"]
         assert step["server_cpu_percent"] is not None and step["server_rss_bytes"] > 0
-        assert "vs_in_process" in step and "vs_bare" in step
+        assert "vs_in_process" in step and 0 < step["vs_bare"] < math.inf  # the median of the paired slices
+        assert step["duration_s"] == pytest.approx(0.5)  # the slices add up to the step
     assert served >= 3 * sum(s["requests"] for s in steps)  # the server saw every row (plus the warm-up)
     assert report["in_process"]["best_batch_size"] in (1, 8)
     assert [s["concurrency"] for s in report["bare"]] == [1, 4]

@@ -183,7 +183,18 @@ def _process_metrics(url: str) -> tuple[float, float] | None:
     return (sum(map(float, cpu)), sum(map(float, rss))) if cpu and rss else None
 
 
-def run_step(url: str, workload: Workload, concurrency: int, seconds: float, pool: Pool) -> StepResult:
+@dataclass
+class _Slice:
+    """What one closed-loop run measured: (latency, status) samples, the load's and the server's CPU seconds."""
+
+    samples: list[tuple[float, int]]
+    seconds: float
+    client_cpu_s: float
+    server_cpu_s: float | None = None
+    server_rss_bytes: float | None = None
+
+
+def _run_slice(url: str, workload: Workload, concurrency: int, seconds: float, pool: Pool) -> _Slice:
     """Drive the server with `concurrency` closed-loop connections, spread over the pool's processes."""
     address = urlsplit(url)
     host, port = address.hostname or "127.0.0.1", address.port or 80
@@ -193,23 +204,60 @@ def run_step(url: str, workload: Workload, concurrency: int, seconds: float, poo
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     before = _process_metrics(url)
     started = time.perf_counter()
-    jobs = [(host, port, request, n, seconds) for n in shares]
-    per_process = pool.map(client, jobs)
+    per_process = pool.map(client, [(host, port, request, n, seconds) for n in shares])
     elapsed = time.perf_counter() - started
-    samples = [sample for part, _ in per_process for sample in part]
     after = _process_metrics(url)
+    measured = _Slice([sample for part, _ in per_process for sample in part], seconds, sum(c for _, c in per_process))
+    if before and after:
+        # Scaled to the slice's own length: the pool's hand-offs around it are not load.
+        measured.server_cpu_s, measured.server_rss_bytes = (after[0] - before[0]) * seconds / elapsed, after[1]
+    return measured
+
+
+def _step(concurrency: int, rows: int, slices: list[_Slice]) -> StepResult:
+    """One step's figures from its slices (one, or several interleaved with the bare stack's)."""
+    seconds = sum(part.seconds for part in slices)
+    samples = [sample for part in slices for sample in part.samples]
     ok = [latency for latency, status in samples if status == 200]
     errors = Counter(str(status) if status else "connection" for _, status in samples if status != 200)
     ms = np.array(ok or [math.nan]) * 1000
     result = StepResult(
-        concurrency, seconds, len(samples), len(ok) / seconds, len(ok) * workload.rows / seconds,
+        concurrency, seconds, len(samples), len(ok) / seconds, len(ok) * rows / seconds,
         float(np.percentile(ms, 50)), float(np.percentile(ms, 90)), float(np.percentile(ms, 99)), dict(errors),
     )  # fmt: skip
-    result.client_cpu_percent = 100 * sum(cpu for _, cpu in per_process) / seconds
-    if before and after:
-        result.server_cpu_percent = 100 * (after[0] - before[0]) / elapsed
-        result.server_rss_bytes = after[1]
+    result.client_cpu_percent = 100 * sum(part.client_cpu_s for part in slices) / seconds
+    server_cpu = [part.server_cpu_s for part in slices]
+    if all(cpu is not None for cpu in server_cpu):
+        result.server_cpu_percent = 100 * sum(server_cpu) / seconds  # type: ignore[arg-type]
+        result.server_rss_bytes = slices[-1].server_rss_bytes
     return result
+
+
+def run_step(url: str, workload: Workload, concurrency: int, seconds: float, pool: Pool) -> StepResult:
+    """Drive the server with `concurrency` closed-loop connections for `seconds`, spread over the pool's processes."""
+    return _step(concurrency, workload.rows, [_run_slice(url, workload, concurrency, seconds, pool)])
+
+
+def _ok_rate(part: _Slice) -> float:
+    return sum(1 for _, status in part.samples if status == 200) / part.seconds
+
+
+def run_paired_step(
+    url: str, workload: Workload, bare_url: str, bare: Workload, concurrency: int, seconds: float, pool: Pool
+) -> tuple[StepResult, StepResult, float]:
+    """The server and the bare stack in `PAIRED_ROUNDS` alternating slices of one concurrency: both steps, and the
+    median over the rounds of served / bare req/s (a shared machine's speed drifts within seconds: a ratio of
+    slices next to each other in time drifts far less than one of two steps apart)."""
+    served, baseline = [], []
+    for _ in range(PAIRED_ROUNDS):
+        served.append(_run_slice(url, workload, concurrency, seconds / PAIRED_ROUNDS, pool))
+        baseline.append(_run_slice(bare_url, bare, concurrency, seconds / PAIRED_ROUNDS, pool))
+    ratios = [_ok_rate(s) / _ok_rate(b) for s, b in zip(served, baseline, strict=True) if _ok_rate(b)]
+    ratio = float(np.median(ratios)) if ratios else math.nan
+    return _step(concurrency, workload.rows, served), _step(concurrency, bare.rows, baseline), ratio
+
+
+PAIRED_ROUNDS = 4
 
 
 def in_process_ceiling(
@@ -301,6 +349,31 @@ def drive(url: str, workload: Workload, options: BenchOptions, pool: Pool, label
     return results
 
 
+def drive_paired(
+    url: str, workload: Workload, bare_url: str, bare: Workload, options: BenchOptions, pool: Pool
+) -> tuple[list[StepResult], list[StepResult], list[float]]:
+    """`drive` for the server and the bare stack at once: each concurrency in alternating slices (see
+    run_paired_step); the served steps, the bare steps and the paired ratios."""
+    from rich.progress import Progress
+
+    run_step(url, workload, 1, 1.0, pool)
+    run_step(bare_url, bare, 1, 1.0, pool)
+    served, baseline, ratios = [], [], []
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"server and bare stack c={options.concurrency[0]}", total=len(options.concurrency))
+        for concurrency in options.concurrency:
+            progress.update(task, description=f"server and bare stack: concurrency {concurrency}, "
+                                              f"2 x {options.duration_s:g} s")  # fmt: skip
+            step, bare_step, ratio = run_paired_step(
+                url, workload, bare_url, bare, concurrency, options.duration_s, pool
+            )
+            served.append(step)
+            baseline.append(bare_step)
+            ratios.append(ratio)
+            progress.advance(task)
+    return served, baseline, ratios
+
+
 def run_bench(options: BenchOptions) -> dict[str, Any]:
     """Measure the server (and optionally the in-process ceiling and the bare stack); returns the report."""
     import multiprocessing
@@ -318,17 +391,22 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         report["in_process"] = {"samples_s": rates, "best_batch_size": best, "best_samples_s": rates[best]}
     with multiprocessing.get_context("spawn").Pool(options.client_processes) as pool:
         pool.map(_warm_up, range(options.client_processes))
-        report["steps"] = [asdict(step) for step in drive(options.url, workload, options, pool, "server")]
-        if options.bare:
+        if not options.bare:
+            report["steps"] = [asdict(step) for step in drive(options.url, workload, options, pool, "server")]
+        else:
             from layerserve.bench.baseline import start_bare_server
 
             process, port = start_bare_server(options.protocol)
             bare = replace(workload, grpc_port=port) if options.protocol == "grpc" else workload
             try:
-                steps = drive(f"http://127.0.0.1:{port}", bare, options, pool, "bare stack")
-                report["bare"] = [asdict(step) for step in steps]
+                served, baseline, paired = drive_paired(
+                    options.url, workload, f"http://127.0.0.1:{port}", bare, options, pool
+                )
             finally:
                 process.kill()
+            report["steps"], report["bare"] = [asdict(s) for s in served], [asdict(s) for s in baseline]
+            for step, ratio in zip(report["steps"], paired, strict=True):
+                step["vs_bare"] = ratio
     _ratios(report)
     if options.output:
         options.output.write_text(json.dumps(report, indent=2))
@@ -343,7 +421,7 @@ def _ratios(report: dict[str, Any]) -> None:
     for step in report["steps"]:
         if ceiling:
             step["vs_in_process"] = step["samples_s"] / ceiling
-        if step["concurrency"] in bare:
+        if step["concurrency"] in bare and "vs_bare" not in step:
             step["vs_bare"] = step["req_s"] / bare[step["concurrency"]]
 
 
