@@ -223,20 +223,22 @@ class ModelVersion:
             BadRequestError: a cut whose outputs need a tensor the request does not give.
         """
         started, is_success = time.perf_counter(), False
+        wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
+        cache = self.cache if use_cache and self.config.cache else None
         try:
-            answer = await self._predict(inputs, outputs, timeout_ms, use_cache)
+            if cache is None:
+                answer = await self._compute(inputs, wanted, timeout_ms)
+            else:
+                answer = await self._read_through(cache, inputs, wanted, timeout_ms)
             is_success = True
             return answer
         finally:
             self.statistics.record_request(is_success, time.perf_counter() - started)
 
-    async def _predict(
-        self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None, use_cache: bool
+    async def _read_through(
+        self, cache: FeatureCache, inputs: dict[str, Array], wanted: tuple[str, ...], timeout_ms: int | None
     ) -> dict[str, Array]:
-        wanted = outputs or tuple(spec.name for spec in self.signature.outputs)
-        cache = self.cache if use_cache and self.config.cache else None
-        if cache is None:
-            return await self._compute(inputs, wanted, timeout_ms)
+        """`predict` through the feature cache: cached rows read, the rest computed and stored."""
 
         async def compute(misses: list[int]) -> list[list[Array]]:
             computed = await self._compute({n: a[misses] for n, a in inputs.items()}, wanted, timeout_ms)

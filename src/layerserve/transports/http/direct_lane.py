@@ -56,6 +56,7 @@ class DirectLane:
         self._tokens = TokenCheck(settings.admin_token, settings.api_token) if has_tokens else None
         self._compresses = bool(settings.compress_min_bytes)
         self._recorder = RequestRecorder(settings.access_log)
+        self._routes: dict[Endpoint, str] = {}  # each route's name in the request metrics
 
     def target(self, scope: dict[str, Any]) -> tuple[Endpoint, dict[str, str]] | None:
         """The route and path parameters of a request this lane answers; None for one the app answers."""
@@ -96,7 +97,8 @@ class DirectLane:
         finally:
             IN_FLIGHT.dec()
             seconds = time.perf_counter() - started
-            self._recorder.record(scope["method"], scope["path"], route_name(endpoint), status, seconds)
+            route = self._routes.get(endpoint) or self._routes.setdefault(endpoint, route_name(endpoint))
+            self._recorder.record(scope["method"], scope["path"], route, status, seconds)
 
 
 async def write_answer(
