@@ -134,13 +134,16 @@ def bench_tables(report: dict[str, Any]) -> str:
         return "-" if value is None else value / scale
 
     ceiling = report.get("in_process")
+    over = any("p50_over_in_process_ms" in step for step in report["steps"])
     header = ["concurrency", "req/s", "samples/s", "p50 ms", "p90 ms", "p99 ms", "errors", "server CPU %",
               "server RSS MB", "load CPU %"] + (["vs in-process ceiling"] if ceiling else [])  # fmt: skip
+    header += ["p50 over in-process batch 1 ms"] if over else []
     rows = [
         [step["concurrency"], step["req_s"], step["samples_s"], step["p50_ms"], step["p90_ms"], step["p99_ms"],
          sum(step["errors"].values()), optional(step["server_cpu_percent"]),
          optional(step["server_rss_bytes"], 2**20), step["client_cpu_percent"]]
         + ([step["vs_in_process"]] if ceiling else [])
+        + ([optional(step.get("p50_over_in_process_ms"))] if over else [])
         for step in report["steps"]
     ]  # fmt: skip
     options = report["options"]
@@ -149,10 +152,19 @@ def bench_tables(report: dict[str, Any]) -> str:
     if ceiling:
         rates = sorted((int(size), rate) for size, rate in ceiling["samples_s"].items())  # JSON keys are strings
         text += "\n\n" + table(["in-process batch size", "samples/s"], [[size, rate] for size, rate in rates])
+        if "paired_rounds" not in report:  # measured before the steps took turns with the ceiling
+            return text + (
+                f"\n\nIn-process ceiling: {ceiling['best_samples_s']:,.1f} samples/s "
+                f"(batch {ceiling['best_batch_size']}); the last column is served samples/s over it."
+            )
         text += (
             f"\n\nIn-process ceiling: {ceiling['best_samples_s']:,.1f} samples/s "
-            f"(batch {ceiling['best_batch_size']}); the last column is served samples/s over it."
-        )
+            f"(batch {ceiling['best_batch_size']}) before the steps. Each step takes turns with the model in "
+            f"process, four slices each: \"vs in-process ceiling\" is the median of the slices' served samples/s "
+            f"over the in-process samples/s at batch {ceiling['best_batch_size']} right after"
+            + (", and at concurrency 1 \"p50 over in-process batch 1\" the median of the slices' served p50 minus "
+               "the in-process p50 of a batch of one." if over else ".")
+        )  # fmt: skip
     return text
 
 

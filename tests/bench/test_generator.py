@@ -40,6 +40,9 @@ def test_bench_tensor_workload_with_bare_baseline_and_ceiling(
         assert "vs_in_process" in step and 0 < step["vs_bare"] < math.inf  # the median of the paired slices
         assert step["duration_s"] == pytest.approx(0.5)  # the slices add up to the step
     assert served >= 3 * sum(s["requests"] for s in steps)  # the server saw every row (plus the warm-up)
+    # At concurrency 1 only: served p50 over the model's own batch of one, in process (a loopback round trip more).
+    assert math.isfinite(steps[0]["p50_over_in_process_ms"]) and "p50_over_in_process_ms" not in steps[1]
+    assert report["paired_rounds"] == 4
     assert report["in_process"]["best_batch_size"] in (1, 8)
     assert [s["concurrency"] for s in report["bare"]] == [1, 4]
     assert json.loads((tmp_path / "r.json").read_text())["steps"][0]["concurrency"] == 1

@@ -242,68 +242,113 @@ def _ok_rate(part: _Slice) -> float:
     return sum(1 for _, status in part.samples if status == 200) / part.seconds
 
 
-def run_paired_step(
-    url: str, workload: Workload, bare_url: str, bare: Workload, concurrency: int, seconds: float, pool: Pool
-) -> tuple[StepResult, StepResult, float]:
-    """The server and the bare stack in `PAIRED_ROUNDS` alternating slices of one concurrency: both steps, and the
-    median over the rounds of served / bare req/s (a shared machine's speed drifts within seconds: a ratio of
-    slices next to each other in time drifts far less than one of two steps apart)."""
-    served, baseline = [], []
-    for _ in range(PAIRED_ROUNDS):
-        served.append(_run_slice(url, workload, concurrency, seconds / PAIRED_ROUNDS, pool))
-        baseline.append(_run_slice(bare_url, bare, concurrency, seconds / PAIRED_ROUNDS, pool))
-    ratios = [_ok_rate(s) / _ok_rate(b) for s, b in zip(served, baseline, strict=True) if _ok_rate(b)]
-    ratio = float(np.median(ratios)) if ratios else math.nan
-    return _step(concurrency, workload.rows, served), _step(concurrency, bare.rows, baseline), ratio
-
-
 PAIRED_ROUNDS = 4
+
+
+@dataclass
+class References:
+    """What a step's slices take turns with: the bare stack (its URL and workload), the model in process (batches
+    of `best_batch`, and at concurrency 1 batches of one too)."""
+
+    bare: tuple[str, Workload] | None = None
+    model: InProcessModel | None = None
+    best_batch: int = 1
+
+
+def run_paired_step(
+    url: str, workload: Workload, concurrency: int, seconds: float, pool: Pool, references: References
+) -> tuple[StepResult, StepResult | None, dict[str, float]]:
+    """The server in `PAIRED_ROUNDS` slices of one concurrency, each followed by a slice of each reference: the
+    served step, the bare step (if any), and the ratios, each the median over the rounds of side-by-side slices (a
+    shared machine's speed drifts within seconds: a ratio of slices next to each other in time drifts far less than
+    one of two steps apart): `vs_bare` (req/s), `vs_in_process` (samples/s over the in-process ceiling's), and at
+    concurrency 1 `p50_over_in_process_ms` (served p50 minus the in-process p50 of a batch of one)."""
+    part = seconds / PAIRED_ROUNDS
+    served, baseline = [], []
+    ratios: dict[str, list[float]] = {"vs_bare": [], "vs_in_process": [], "p50_over_in_process_ms": []}
+    for _ in range(PAIRED_ROUNDS):
+        served.append(_run_slice(url, workload, concurrency, part, pool))
+        rate = _ok_rate(served[-1])
+        if references.bare is not None:
+            baseline.append(_run_slice(*references.bare, concurrency, part, pool))
+            if _ok_rate(baseline[-1]):
+                ratios["vs_bare"].append(rate / _ok_rate(baseline[-1]))
+        if references.model is not None:
+            ceiling, _ = references.model.run(references.best_batch, part)
+            ratios["vs_in_process"].append(rate * workload.rows / ceiling)
+            answered = [latency for latency, status in served[-1].samples if status == 200]
+            if concurrency == 1 and answered:
+                _, calls = references.model.run(1, part)
+                ratios["p50_over_in_process_ms"].append((float(np.median(answered)) - float(np.median(calls))) * 1000)
+    bare_step = _step(concurrency, references.bare[1].rows, baseline) if references.bare is not None else None
+    medians = {name: float(np.median(values)) for name, values in ratios.items() if values}
+    return _step(concurrency, workload.rows, served), bare_step, medians
+
+
+class InProcessModel:
+    """A repository's model loaded in this process on the engine the server uses, to measure its ceiling."""
+
+    def __init__(self, repository: Path, model: str, workload: Workload) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from layerserve.lifecycle.prepare import Preparer
+        from layerserve.lifecycle.repository import scan
+        from layerserve.serving.registry import ModelVersion
+        from layerserve.settings import Settings
+
+        specs = [spec for spec in scan(repository) if spec.name == model]
+        if not specs or not specs[0].versions:
+            raise BadRequestError(f"model {model!r} has no version in {repository}")
+        number, path = max(specs[0].versions.items())
+        self._version = version = ModelVersion(model, number, path, specs[0].config)
+        settings = Settings(model_repository=repository)
+        self._processes = EngineProcessPool.from_settings(settings)
+        self._exporter, self._preparer = ThreadPoolExecutor(1), Preparer()
+        self._decoders = ThreadPoolExecutor()
+        self._workload = workload
+        version.load(settings, self._exporter, self._preparer, self._processes)
+        if version.engine is None:
+            self.close()
+            raise BadRequestError(f"model {model!r} failed to load: {version.reason}")
+
+    def run(self, size: int, seconds: float) -> tuple[float, list[float]]:
+        """Batches of `size` for `seconds` (images: decode included): samples/s, and each call's seconds."""
+        from layerserve.features.images import load_one
+
+        version, workload = self._version, self._workload
+        engine, image = version.engine, version.image
+        assert engine is not None
+        batch = probe_batch(version.signature.inputs, size)
+        calls, started = [], time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            call_started = time.perf_counter()
+            if workload.kind == "text" and version.tokenizer is not None:
+                batch = [version.tokenizer.encode(json.loads(workload.body)["texts"][:1] * size)]
+            elif workload.kind == "image" and image is not None:
+                decoded = self._decoders.map(lambda raw: load_one(raw, image, 10**9), [workload.body] * size)
+                batch = [np.stack(list(decoded))]
+            engine.run(batch)
+            calls.append(time.perf_counter() - call_started)
+        return len(calls) * size / (time.perf_counter() - started), calls
+
+    def close(self) -> None:
+        """Free the model and its engine process."""
+        self._version.close()
+        self._exporter.shutdown()
+        self._decoders.shutdown()
+        self._preparer.close()
+        self._processes.stop_idle()
 
 
 def in_process_ceiling(
     repository: Path, model: str, workload: Workload, batch_sizes: list[int], seconds: float
 ) -> dict[int, float]:
     """Samples/s of the model on the engine the server uses, per batch size (images: decode included)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from layerserve.features.images import load_one
-    from layerserve.lifecycle.prepare import Preparer
-    from layerserve.lifecycle.repository import scan
-    from layerserve.serving.registry import ModelVersion
-    from layerserve.settings import Settings
-
-    specs = [spec for spec in scan(repository) if spec.name == model]
-    if not specs or not specs[0].versions:
-        raise BadRequestError(f"model {model!r} has no version in {repository}")
-    number, path = max(specs[0].versions.items())
-    version = ModelVersion(model, number, path, specs[0].config)
-    settings = Settings(model_repository=repository)
-    processes = EngineProcessPool.from_settings(settings)
-    exporter, preparer = ThreadPoolExecutor(1), Preparer()
-    version.load(settings, exporter, preparer, processes)
-    if version.engine is None:
-        raise BadRequestError(f"model {model!r} failed to load: {version.reason}")
-    engine, image = version.engine, version.image
-    rates = {}
-    with ThreadPoolExecutor() as decoders:
-        for size in batch_sizes:
-            batch = probe_batch(version.signature.inputs, size)
-            done, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds:
-                if workload.kind == "text" and version.tokenizer is not None:
-                    batch = [version.tokenizer.encode(json.loads(workload.body)["texts"][:1] * size)]
-                elif workload.kind == "image" and image is not None:
-                    batch = [
-                        np.stack(list(decoders.map(lambda raw: load_one(raw, image, 10**9), [workload.body] * size)))
-                    ]
-                engine.run(batch)
-                done += size
-            rates[size] = done / (time.perf_counter() - started)
-    version.close()
-    exporter.shutdown()
-    preparer.close()
-    processes.stop_idle()
-    return rates
+    model_here = InProcessModel(repository, model, workload)
+    try:
+        return {size: model_here.run(size, seconds)[0] for size in batch_sizes}
+    finally:
+        model_here.close()
 
 
 @dataclass(frozen=True)
@@ -350,28 +395,22 @@ def drive(url: str, workload: Workload, options: BenchOptions, pool: Pool, label
 
 
 def drive_paired(
-    url: str, workload: Workload, bare_url: str, bare: Workload, options: BenchOptions, pool: Pool
-) -> tuple[list[StepResult], list[StepResult], list[float]]:
-    """`drive` for the server and the bare stack at once: each concurrency in alternating slices (see
-    run_paired_step); the served steps, the bare steps and the paired ratios."""
+    url: str, workload: Workload, references: References, options: BenchOptions, pool: Pool
+) -> list[tuple[StepResult, StepResult | None, dict[str, float]]]:
+    """`drive` with the references taking turns with the server (see run_paired_step), one step per concurrency."""
     from rich.progress import Progress
 
     run_step(url, workload, 1, 1.0, pool)
-    run_step(bare_url, bare, 1, 1.0, pool)
-    served, baseline, ratios = [], [], []
+    if references.bare is not None:
+        run_step(*references.bare, 1, 1.0, pool)
+    steps = []
     with Progress(transient=True) as progress:
-        task = progress.add_task(f"server and bare stack c={options.concurrency[0]}", total=len(options.concurrency))
+        task = progress.add_task(f"server, paired c={options.concurrency[0]}", total=len(options.concurrency))
         for concurrency in options.concurrency:
-            progress.update(task, description=f"server and bare stack: concurrency {concurrency}, "
-                                              f"2 x {options.duration_s:g} s")  # fmt: skip
-            step, bare_step, ratio = run_paired_step(
-                url, workload, bare_url, bare, concurrency, options.duration_s, pool
-            )
-            served.append(step)
-            baseline.append(bare_step)
-            ratios.append(ratio)
+            progress.update(task, description=f"server, paired: concurrency {concurrency}, {options.duration_s:g} s")
+            steps.append(run_paired_step(url, workload, concurrency, options.duration_s, pool, references))
             progress.advance(task)
-    return served, baseline, ratios
+    return steps
 
 
 def run_bench(options: BenchOptions) -> dict[str, Any]:
@@ -385,28 +424,22 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     if options.protocol == "grpc":
         workload = grpc_workload(options, workload)
     report: dict[str, Any] = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}}
-    if options.in_process is not None:
-        rates = in_process_ceiling(options.in_process, options.model, workload, list(options.batch_sizes), 3.0)
-        best = max(rates, key=lambda size: rates[size])
-        report["in_process"] = {"samples_s": rates, "best_batch_size": best, "best_samples_s": rates[best]}
-    with multiprocessing.get_context("spawn").Pool(options.client_processes) as pool:
-        pool.map(_warm_up, range(options.client_processes))
-        if not options.bare:
-            report["steps"] = [asdict(step) for step in drive(options.url, workload, options, pool, "server")]
-        else:
-            from layerserve.bench.baseline import start_bare_server
-
-            process, port = start_bare_server(options.protocol)
-            bare = replace(workload, grpc_port=port) if options.protocol == "grpc" else workload
-            try:
-                served, baseline, paired = drive_paired(
-                    options.url, workload, f"http://127.0.0.1:{port}", bare, options, pool
-                )
-            finally:
-                process.kill()
-            report["steps"], report["bare"] = [asdict(s) for s in served], [asdict(s) for s in baseline]
-            for step, ratio in zip(report["steps"], paired, strict=True):
-                step["vs_bare"] = ratio
+    references = References()
+    try:
+        if options.in_process is not None:
+            references.model = InProcessModel(options.in_process, options.model, workload)
+            rates = {size: references.model.run(size, 3.0)[0] for size in options.batch_sizes}
+            references.best_batch = best = max(rates, key=lambda size: rates[size])
+            report["in_process"] = {"samples_s": rates, "best_batch_size": best, "best_samples_s": rates[best]}
+        with multiprocessing.get_context("spawn").Pool(options.client_processes) as pool:
+            pool.map(_warm_up, range(options.client_processes))
+            if not options.bare and references.model is None:
+                report["steps"] = [asdict(step) for step in drive(options.url, workload, options, pool, "server")]
+            else:
+                _drive_with_references(report, workload, references, options, pool)
+    finally:
+        if references.model is not None:
+            references.model.close()
     _ratios(report)
     if options.output:
         options.output.write_text(json.dumps(report, indent=2))
@@ -415,11 +448,33 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     return report
 
 
+def _drive_with_references(
+    report: dict[str, Any], workload: Workload, references: References, options: BenchOptions, pool: Pool
+) -> None:
+    """The served steps paired with the bare stack (started here) and the model in process, into `report`."""
+    process = None
+    if options.bare:
+        from layerserve.bench.baseline import start_bare_server
+
+        process, port = start_bare_server(options.protocol)
+        bare = replace(workload, grpc_port=port) if options.protocol == "grpc" else workload
+        references.bare = (f"http://127.0.0.1:{port}", bare)
+    try:
+        steps = drive_paired(options.url, workload, references, options, pool)
+    finally:
+        if process is not None:
+            process.kill()
+    report["steps"] = [asdict(step) | ratios for step, _, ratios in steps]
+    report["paired_rounds"] = PAIRED_ROUNDS  # the ratios are medians of side-by-side slices
+    if options.bare:
+        report["bare"] = [asdict(bare_step) for _, bare_step, _ in steps if bare_step is not None]
+
+
 def _ratios(report: dict[str, Any]) -> None:
     ceiling = report.get("in_process", {}).get("best_samples_s")
     bare = {step["concurrency"]: step["req_s"] for step in report.get("bare", [])}
     for step in report["steps"]:
-        if ceiling:
+        if ceiling and "vs_in_process" not in step:
             step["vs_in_process"] = step["samples_s"] / ceiling
         if step["concurrency"] in bare and "vs_bare" not in step:
             step["vs_bare"] = step["req_s"] / bare[step["concurrency"]]
