@@ -48,7 +48,7 @@ def render(result: dict[str, Any]) -> str:
     step, rss = result["step"], result["rss_mb"]
     header = ["concurrency", "seconds (wall)", "answers by status", "200/s", "p50 ms", "p99 ms (200)",
               "p99 / deadline", "RSS after warm-up MB", "RSS after MB", "growth MB"]  # fmt: skip
-    row = [step["concurrency"], f"{step['duration_s']:g} ({result['wall_s']:.1f})", by_status(result["statuses"]),
+    row = [step["concurrency"], f"{step['duration_s']:.1f} ({result['wall_s']:.1f})", by_status(result["statuses"]),
            step["req_s"], step["p50_ms"], step["p99_ms"], step["p99_ms"] / result["request_timeout_ms"],
            rss["after_warm_up"], rss["after"], rss["after"] - rss["after_warm_up"]]  # fmt: skip
     return table(header, [row])

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import httpx
-import pytest
 
 from layerserve.bench.generator import BenchOptions, build_workload, run_bench
 from tests.live_server import LiveServer
@@ -38,7 +37,7 @@ def test_bench_tensor_workload_with_bare_baseline_and_ceiling(
         assert 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"]
         assert step["server_cpu_percent"] is not None and step["server_rss_bytes"] > 0
         assert "vs_in_process" in step and 0 < step["vs_bare"] < math.inf  # the median of the paired slices
-        assert step["duration_s"] == pytest.approx(0.5)  # the slices add up to the step
+        assert 0.5 <= step["duration_s"] < 5  # the slices add up to the step (each until its last answer)
     assert served >= 3 * sum(s["requests"] for s in steps)  # the server saw every row (plus the warm-up)
     # At concurrency 1 only: served p50 over the model's own batch of one, in process (a loopback round trip more).
     assert math.isfinite(steps[0]["p50_over_in_process_ms"]) and "p50_over_in_process_ms" not in steps[1]

@@ -185,7 +185,8 @@ def _process_metrics(url: str) -> tuple[float, float] | None:
 
 @dataclass
 class _Slice:
-    """What one closed-loop run measured: (latency, status) samples, the load's and the server's CPU seconds."""
+    """What one closed-loop run measured: (latency, status) samples over `seconds` (from the start to the last
+    answer), the load's and the server's CPU seconds."""
 
     samples: list[tuple[float, int]]
     seconds: float
@@ -207,10 +208,12 @@ def _run_slice(url: str, workload: Workload, concurrency: int, seconds: float, p
     per_process = pool.map(client, [(host, port, request, n, seconds) for n in shares])
     elapsed = time.perf_counter() - started
     after = _process_metrics(url)
-    measured = _Slice([sample for part, _ in per_process for sample in part], seconds, sum(c for _, c in per_process))
+    # The slice lasts until its last answer: the requests sent before the stop are all counted, so dividing by the
+    # nominal seconds overstated the rate by up to one answer per connection (13% for 2.5 s at 340 ms a request).
+    samples = [sample for part, _ in per_process for sample in part]
+    measured = _Slice(samples, elapsed, sum(cpu for _, cpu in per_process))
     if before and after:
-        # Scaled to the slice's own length: the pool's hand-offs around it are not load.
-        measured.server_cpu_s, measured.server_rss_bytes = (after[0] - before[0]) * seconds / elapsed, after[1]
+        measured.server_cpu_s, measured.server_rss_bytes = after[0] - before[0], after[1]
     return measured
 
 
