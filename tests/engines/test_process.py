@@ -84,37 +84,42 @@ def test_arrays_of_every_kind_cross_the_channel_unchanged() -> None:
     theirs.close()
 
 
-def test_process_engine_equals_the_in_process_engine_and_keras(
+@pytest.fixture
+def engines(
     multi_graph: tuple[object, Path], pool: EngineProcessPool
-) -> None:
+) -> Iterator[tuple[object, OnnxEngine, ProcessOnnxEngine]]:
+    """The `multi` Keras model, its graph on ONNX Runtime in process, and the same graph in an engine process."""
     model, graph = multi_graph
     inputs = read_signature(model).inputs
-    local, remote = OnnxEngine(graph, inputs, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 2)
-    try:
-        rng = np.random.default_rng(0)
-        # 7 rows travel inside the message; 30,000 rows (480 KB of features) through shared memory, which
-        # then grows for 90,000.
-        for rows in (7, 30_000, 90_000, 3):
-            batch = [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
-            got = remote.run(batch)
-            for mine, theirs in zip(got, local.run(batch), strict=True):
-                np.testing.assert_array_equal(mine, theirs)
-                assert mine.flags.writeable and mine.flags.owndata  # a copy: the buffer is reused
-            for mine, keras_value in zip(got, model(batch), strict=True):  # type: ignore[operator]
-                np.testing.assert_allclose(mine, np.asarray(keras_value), atol=1e-5)
-        with pytest.raises(RuntimeError, match=r"tokens|features|Got invalid dimensions"):
-            remote.run([np.zeros((2, 5), np.float32), np.zeros((2, 3), np.int32)])  # ORT's own message
-        np.testing.assert_array_equal(remote.run(batch)[1], local.run(batch)[1])  # still serving
-    finally:
-        remote.close()
+    remote = ProcessOnnxEngine(pool, graph, inputs, 1, 2)
+    yield model, OnnxEngine(graph, inputs, 1), remote
+    remote.close()
+
+
+def test_process_engine_equals_the_in_process_engine_and_keras(
+    engines: tuple[object, OnnxEngine, ProcessOnnxEngine],
+) -> None:
+    model, local, remote = engines
+    rng = np.random.default_rng(0)
+    # 7 rows travel inside the message; 30,000 rows (480 KB of features) through shared memory, which
+    # then grows for 90,000.
+    for rows in (7, 30_000, 90_000, 3):
+        batch = [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
+        got = remote.run(batch)
+        for mine, theirs in zip(got, local.run(batch), strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+            assert mine.flags.writeable and mine.flags.owndata  # a copy: the buffer is reused
+        for mine, keras_value in zip(got, model(batch), strict=True):  # type: ignore[operator]
+            np.testing.assert_allclose(mine, np.asarray(keras_value), atol=1e-5)
+    with pytest.raises(RuntimeError, match=r"tokens|features|Got invalid dimensions"):
+        remote.run([np.zeros((2, 5), np.float32), np.zeros((2, 3), np.int32)])  # ORT's own message
+    np.testing.assert_array_equal(remote.run(batch)[1], local.run(batch)[1])  # still serving
 
 
 def test_a_batch_sent_from_the_event_loop_equals_run_also_after_a_cancelled_caller(
-    multi_graph: tuple[object, Path], pool: EngineProcessPool
+    engines: tuple[object, OnnxEngine, ProcessOnnxEngine],
 ) -> None:
-    model, graph = multi_graph
-    inputs = read_signature(model).inputs
-    local, remote = OnnxEngine(graph, inputs, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 2)
+    _, local, remote = engines
     rng = np.random.default_rng(1)
     small, large, other = (
         [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
@@ -141,11 +146,8 @@ def test_a_batch_sent_from_the_event_loop_equals_run_also_after_a_cancelled_call
             await remote.run_async([np.zeros((2, 5), np.float32), np.zeros((2, 3), np.int32)])
         assert_answers(other, await remote.run_async(other))
 
-    try:
-        uvloop.run(scenario())  # the server's loop, whose add_reader makes the socket non-blocking
-        assert_answers(large, remote.run(large))  # and `run` (blocking) still reads whole answers after it
-    finally:
-        remote.close()
+    uvloop.run(scenario())  # the server's loop, whose add_reader makes the socket non-blocking
+    assert_answers(large, remote.run(large))  # and `run` (blocking) still reads whole answers after it
 
 
 def test_a_closed_engines_process_is_kept_for_the_next_one(

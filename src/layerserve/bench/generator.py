@@ -257,19 +257,25 @@ class References:
     model: InProcessModel | None = None
     best_batch: int = 1
 
+    @property
+    def rounds(self) -> int:
+        """Slices per step: `PAIRED_ROUNDS` with a reference to take turns with, else one."""
+        return PAIRED_ROUNDS if self.bare is not None or self.model is not None else 1
+
 
 def run_paired_step(
     url: str, workload: Workload, concurrency: int, seconds: float, pool: Pool, references: References
 ) -> tuple[StepResult, StepResult | None, dict[str, float]]:
-    """The server in `PAIRED_ROUNDS` slices of one concurrency, each followed by a slice of each reference: the
+    """The server in `references.rounds` slices of one concurrency, each followed by a slice of each reference: the
     served step, the bare step (if any), and the ratios, each the median over the rounds of side-by-side slices (a
     shared machine's speed drifts within seconds: a ratio of slices next to each other in time drifts far less than
     one of two steps apart): `vs_bare` (req/s), `vs_in_process` (samples/s over the in-process ceiling's), and at
     concurrency 1 `p50_over_in_process_ms` (served p50 minus the in-process p50 of a batch of one)."""
-    part = seconds / PAIRED_ROUNDS
+    rounds = references.rounds
+    part = seconds / rounds
     served, baseline = [], []
     ratios: dict[str, list[float]] = {"vs_bare": [], "vs_in_process": [], "p50_over_in_process_ms": []}
-    for _ in range(PAIRED_ROUNDS):
+    for _ in range(rounds):
         served.append(_run_slice(url, workload, concurrency, part, pool))
         rate = _ok_rate(served[-1])
         if references.bare is not None:
@@ -382,35 +388,21 @@ def _warm_up(_: int) -> None:
     """Run in each client process once, so that process start-up is not timed."""
 
 
-def drive(url: str, workload: Workload, options: BenchOptions, pool: Pool, label: str) -> list[StepResult]:
-    """A warm-up, then one step per concurrency, with a progress bar."""
+def drive(
+    url: str, workload: Workload, references: References, options: BenchOptions, pool: Pool
+) -> list[tuple[StepResult, StepResult | None, dict[str, float]]]:
+    """A warm-up, then one step per concurrency (taking turns with the references, if any: see run_paired_step),
+    with a progress bar."""
     from rich.progress import Progress
 
     run_step(url, workload, 1, 1.0, pool)  # warm the server's path and the connections
-    results = []
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"{label} c={options.concurrency[0]}", total=len(options.concurrency))
-        for concurrency in options.concurrency:
-            progress.update(task, description=f"{label}: concurrency {concurrency}, {options.duration_s:g} s")
-            results.append(run_step(url, workload, concurrency, options.duration_s, pool))
-            progress.advance(task)
-    return results
-
-
-def drive_paired(
-    url: str, workload: Workload, references: References, options: BenchOptions, pool: Pool
-) -> list[tuple[StepResult, StepResult | None, dict[str, float]]]:
-    """`drive` with the references taking turns with the server (see run_paired_step), one step per concurrency."""
-    from rich.progress import Progress
-
-    run_step(url, workload, 1, 1.0, pool)
     if references.bare is not None:
         run_step(*references.bare, 1, 1.0, pool)
     steps = []
     with Progress(transient=True) as progress:
-        task = progress.add_task(f"server, paired c={options.concurrency[0]}", total=len(options.concurrency))
+        task = progress.add_task(f"server c={options.concurrency[0]}", total=len(options.concurrency))
         for concurrency in options.concurrency:
-            progress.update(task, description=f"server, paired: concurrency {concurrency}, {options.duration_s:g} s")
+            progress.update(task, description=f"server: concurrency {concurrency}, {options.duration_s:g} s")
             steps.append(run_paired_step(url, workload, concurrency, options.duration_s, pool, references))
             progress.advance(task)
     return steps
@@ -436,14 +428,10 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
             report["in_process"] = {"samples_s": rates, "best_batch_size": best, "best_samples_s": rates[best]}
         with multiprocessing.get_context("spawn").Pool(options.client_processes) as pool:
             pool.map(_warm_up, range(options.client_processes))
-            if not options.bare and references.model is None:
-                report["steps"] = [asdict(step) for step in drive(options.url, workload, options, pool, "server")]
-            else:
-                _drive_with_references(report, workload, references, options, pool)
+            _drive_into(report, workload, references, options, pool)
     finally:
         if references.model is not None:
             references.model.close()
-    _ratios(report)
     if options.output:
         options.output.write_text(json.dumps(report, indent=2))
     if options.plot:
@@ -451,10 +439,10 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     return report
 
 
-def _drive_with_references(
+def _drive_into(
     report: dict[str, Any], workload: Workload, references: References, options: BenchOptions, pool: Pool
 ) -> None:
-    """The served steps paired with the bare stack (started here) and the model in process, into `report`."""
+    """The served steps, taking turns with the bare stack (started here) and the model in process, into `report`."""
     process = None
     if options.bare:
         from layerserve.bench.baseline import start_bare_server
@@ -463,24 +451,15 @@ def _drive_with_references(
         bare = replace(workload, grpc_port=port) if options.protocol == "grpc" else workload
         references.bare = (f"http://127.0.0.1:{port}", bare)
     try:
-        steps = drive_paired(options.url, workload, references, options, pool)
+        steps = drive(options.url, workload, references, options, pool)
     finally:
         if process is not None:
             process.kill()
     report["steps"] = [asdict(step) | ratios for step, _, ratios in steps]
-    report["paired_rounds"] = PAIRED_ROUNDS  # the ratios are medians of side-by-side slices
+    if references.rounds > 1:
+        report["paired_rounds"] = references.rounds  # the ratios are medians of side-by-side slices
     if options.bare:
         report["bare"] = [asdict(bare_step) for _, bare_step, _ in steps if bare_step is not None]
-
-
-def _ratios(report: dict[str, Any]) -> None:
-    ceiling = report.get("in_process", {}).get("best_samples_s")
-    bare = {step["concurrency"]: step["req_s"] for step in report.get("bare", [])}
-    for step in report["steps"]:
-        if ceiling and "vs_in_process" not in step:
-            step["vs_in_process"] = step["samples_s"] / ceiling
-        if step["concurrency"] in bare and "vs_bare" not in step:
-            step["vs_bare"] = step["req_s"] / bare[step["concurrency"]]
 
 
 def print_report(report: dict[str, Any]) -> None:
