@@ -102,7 +102,7 @@ def _ray_serve(args: argparse.Namespace) -> int:
     if not isinstance(section, dict):
         raise ConfigError(f"{args.config}: the `ray:` section must be a mapping of Ray options")
     given = {"replicas": args.replicas, "replica_cpus": args.replica_cpus, "replica_gpus": args.replica_gpus,
-             "job_cpus": args.job_cpus}  # fmt: skip
+             "job_cpus": args.job_cpus, "direct_port": args.direct_port}  # fmt: skip
     values = {**section, **{key: value for key, value in given.items() if value is not None}}
     values["groups"] = {**section.get("groups", {}), **dict(parse_group(flag) for flag in args.group or ())}
     options = ray_options(values)
@@ -221,6 +221,9 @@ def _add_ray_commands(commands: Any) -> None:
                            help="models (comma-separated shell patterns) served by replicas of their own, e.g. "
                            "'efficientnet*:2'; repeatable; more in the config file's `ray:` section")  # fmt: skip
     ray_serve.add_argument("--http-port", type=int, default=8000, help="the port of Ray Serve's HTTP proxy")
+    ray_serve.add_argument("--direct-port", type=int,
+                           help="also serve HTTP on this port of every node, from each replica itself (no proxy: "
+                           "faster, but a request dies with its replica; see docs/scale.md)")  # fmt: skip
     ray_serve.add_argument("--ready-timeout-s", type=float, default=600.0, help="how long to wait for every model")
     add_settings_flags(ray_serve, skip={"model_repository", "port", "workers"})  # grpc_port: Ray's gRPC proxy
     ray_serve.set_defaults(run=_ray_serve)

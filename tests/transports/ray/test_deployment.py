@@ -3,7 +3,8 @@ every replica answers as Keras does, replicas land on distinct nodes and say so,
 fails no request and comes back, a feature cached through one replica is a hit through the other (one Redis),
 a new version folder is served by every replica with no failed request, a node removed under load fails no
 request and its replica comes back on another node, a training job submitted through the cluster ends with its
-version served by every replica, shutdown leaves no Ray process behind."""
+version served by every replica, both replicas answer on their shared direct port (and the one that replaces a
+killed replica opens it again), shutdown leaves no Ray process behind."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ pytestmark = pytest.mark.slow
 _PREFER_LOCAL = "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"
 CLUSTERS: dict[str, Any] = {}  # the fixture's cluster by URL, for the test that removes a node
 GRPC_PORTS: dict[str, int] = {}  # the port of Ray Serve's gRPC proxy by URL
+DOORS: dict[str, str] = {}  # the URL of the replicas' direct port by URL
 REDIS: dict[str, RedisServer] = {}  # the cluster's Redis by URL, for the test that stops it
 
 
@@ -84,13 +86,18 @@ def cluster_url(ray_repository: Path, settings: Settings) -> Iterator[str]:
     # A training job reserves half a CPU: it fits beside a replica, on any node.
     # `multi` is a group of its own: one replica, which the ingress replicas hand its requests.
     group = {"models": ["multi"], "replicas": 1, "replica_cpus": 0.25}
-    options = RayOptions(replicas=2, replica_cpus=0.5, max_replicas_per_node=1, job_cpus=0.5, groups={"multi": group})
+    # Both replicas also serve on one direct port: on one machine, the two "nodes" share it (SO_REUSEPORT).
+    door = free_port()
+    options = RayOptions(
+        replicas=2, replica_cpus=0.5, max_replicas_per_node=1, job_cpus=0.5, groups={"multi": group}, direct_port=door
+    )
     serve.run(build_app(served, options), name="layerserve", route_prefix="/", blocking=False)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 300)
         CLUSTERS[url] = cluster
         GRPC_PORTS[url] = grpc_port
+        DOORS[url] = f"http://127.0.0.1:{door}"
         REDIS[url] = redis
         yield url
     finally:
@@ -144,6 +151,22 @@ def test_every_replica_answers_as_keras_and_names_itself(cluster_url: str, repos
     assert len(replicas) == 2 and len(nodes) == 2, (replicas, nodes)
 
 
+def test_the_direct_port_reaches_every_replica_as_keras(cluster_url: str, repository: Path) -> None:
+    mlp = load_reference(repository, "mlp", 2)
+    x = np.random.default_rng(9).normal(size=(2, 10)).astype(np.float32)
+    body = {"inputs": [{"name": "x", "shape": [2, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    nodes = set()
+    for _ in range(40):  # a new connection each time
+        answer = httpx.post(f"{DOORS[cluster_url]}/v2/models/mlp/infer", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        probs = np.array(answer.json()["outputs"][0]["data"], np.float32).reshape(2, 3)
+        np.testing.assert_allclose(probs, np.asarray(mlp(x)), atol=1e-5)
+        nodes.add(answer.headers[REPLICA_HEADER].split("/")[0])
+    assert len(nodes) == 2, nodes
+    grouped = httpx.get(f"{DOORS[cluster_url]}/v2/models/multi", timeout=60)  # handed to the group's replica
+    assert grouped.status_code == 200 and grouped.json()["state"] == "READY", grouped.text
+
+
 def _replicas() -> list[tuple[int, str]]:
     """(pid, node id) of every live replica."""
     from ray.util.state import list_actors
@@ -153,15 +176,14 @@ def _replicas() -> list[tuple[int, str]]:
     return [(a.pid, a.node_id) for a in actors if a.class_name == name]
 
 
-def _under_load(url: str, fault: Callable[[], None]) -> tuple[list[int], list[str]]:
-    """Statuses and client errors of 4 closed-loop clients over 8 s, `fault` done 2 s in."""
+def _under_load(urls: list[str], fault: Callable[[], None]) -> list[tuple[list[int], list[str]]]:
+    """Statuses and client errors of 4 closed-loop clients per URL over 8 s, `fault` done 2 s in."""
     x = np.ones((1, 10), np.float32)
     body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
-    statuses: list[int] = []
-    errors: list[str] = []
+    results: list[tuple[list[int], list[str]]] = [([], []) for _ in urls]
     stop = threading.Event()
 
-    def load() -> None:
+    def load(url: str, statuses: list[int], errors: list[str]) -> None:
         with httpx.Client(base_url=url, timeout=60) as client:
             while not stop.is_set():
                 try:
@@ -169,15 +191,27 @@ def _under_load(url: str, fault: Callable[[], None]) -> tuple[list[int], list[st
                 except httpx.HTTPError as error:
                     errors.append(repr(error))
 
-    with ThreadPoolExecutor(4) as pool:
-        clients = [pool.submit(load) for _ in range(4)]
+    with ThreadPoolExecutor(4 * len(urls)) as pool:
+        clients = [pool.submit(load, url, *result) for url, result in zip(urls, results, strict=True) for _ in range(4)]
         time.sleep(2)
         fault()
         time.sleep(6)
         stop.set()
         for client in clients:
             client.result()
-    return statuses, errors
+    return results
+
+
+def _door_reaches(door: str, want: int) -> set[str]:
+    """The replicas that answer on the direct port, each request on a new connection (the kernel spreads
+    connections over the replicas bound to the port), until `want` have answered."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < want and time.monotonic() < deadline:
+        answer = httpx.get(f"{door}/v2/models/mlp", timeout=30)
+        assert answer.status_code == 200, answer.text
+        seen.add(answer.headers[REPLICA_HEADER])
+    return seen
 
 
 def _wait_back(url: str, gone: Callable[[list[tuple[int, str]]], bool]) -> list[tuple[int, str]]:
@@ -211,18 +245,22 @@ def _wait_back(url: str, gone: Callable[[list[tuple[int, str]]], bool]) -> list[
 
 
 def test_a_replica_killed_under_load_fails_no_request(cluster_url: str) -> None:
+    """Through Ray's proxy, none; on the direct port, only requests in flight on the victim's connections (one per
+    client at most: its next request takes a new connection, to the replica left)."""
     ((victim, _), *_) = _replicas()
-    statuses, errors = _under_load(cluster_url, lambda: os.kill(victim, signal.SIGKILL))
-    failed = [status for status in statuses if status != 200]
-    assert len(statuses) > 50 and not failed and not errors, (len(statuses), failed[:5], errors[:5])
-    _wait_back(cluster_url, lambda replicas: victim in {pid for pid, _ in replicas})
+    proxied, direct = _under_load([cluster_url, DOORS[cluster_url]], lambda: os.kill(victim, signal.SIGKILL))
+    for statuses, errors, lost in (*proxied, 0), (*direct, 4):
+        failed = [status for status in statuses if status != 200]
+        assert len(statuses) > 50 and not failed and len(errors) <= lost, (len(statuses), failed[:5], errors[:5])
+    replicas = _wait_back(cluster_url, lambda replicas: victim in {pid for pid, _ in replicas})
+    assert len(_door_reaches(DOORS[cluster_url], 2)) == 2, replicas  # the new replica opened the door again
 
 
 def test_a_node_removed_under_load_fails_no_request(cluster_url: str) -> None:
     cluster = CLUSTERS[cluster_url]
     ((_, node_id), *_) = _replicas()
     (node,) = [n for n in cluster.list_all_nodes() if n.node_id == node_id]
-    statuses, errors = _under_load(cluster_url, lambda: cluster.remove_node(node, allow_graceful=False))
+    ((statuses, errors),) = _under_load([cluster_url], lambda: cluster.remove_node(node, allow_graceful=False))
     failed = [status for status in statuses if status != 200]
     assert len(statuses) > 50 and not failed and not errors, (len(statuses), failed[:5], errors[:5])
     replicas = _wait_back(cluster_url, lambda replicas: node_id in {node for _, node in replicas})

@@ -1,5 +1,6 @@
 """`layerserve ray serve --address local` as a user runs it: a local Ray, every model served (one in a group of
-its own), over HTTP and gRPC; SIGTERM stops it with status 0 and no Ray process left behind."""
+its own), over HTTP (Ray's proxy, and the replica's own direct port) and gRPC; SIGTERM stops it with status 0 and
+no Ray process left behind."""
 
 from __future__ import annotations
 
@@ -20,20 +21,27 @@ from tests.transports.ray.processes import ray_processes
 pytestmark = pytest.mark.slow
 
 
-def _check_serving(process: subprocess.Popen[str], port: int, grpc_port: int) -> None:
-    """The command prints its URL once every model is ready, serves (HTTP and gRPC), and exits 0 on SIGTERM
-    (killed otherwise)."""
+def _check_serving(process: subprocess.Popen[str], port: int, grpc_port: int, direct_port: int) -> None:
+    """The command prints its URLs once every model is ready, serves (HTTP through Ray's proxy and the direct
+    port, and gRPC), and exits 0 on SIGTERM (killed otherwise)."""
     import tritonclient.grpc as grpcclient
 
     try:
         assert process.stdout is not None
         line = process.stdout.readline()  # printed once every model is ready
-        assert f"http://127.0.0.1:{port}" in line, line
+        assert f"http://127.0.0.1:{port}" in line and f"direct http://127.0.0.1:{direct_port}" in line, line
         ready = httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=30)
         assert ready.status_code == 200 and REPLICA_HEADER in ready.headers
         metadata = httpx.get(f"http://127.0.0.1:{port}/v2/models/mlp", timeout=30).json()
         assert metadata["state"] == "READY" and metadata["inputs"][0]["name"] == "x"
         grouped = httpx.get(f"http://127.0.0.1:{port}/v2/models/multi", timeout=30)  # the group's replica
+        assert grouped.status_code == 200 and grouped.json()["state"] == "READY", grouped.text
+        x = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": list(range(10))}]}
+        proxied = httpx.post(f"http://127.0.0.1:{port}/v2/models/mlp/infer", json=x, timeout=30)
+        direct = httpx.post(f"http://127.0.0.1:{direct_port}/v2/models/mlp/infer", json=x, timeout=30)
+        assert direct.status_code == 200 and direct.json()["outputs"] == proxied.json()["outputs"], direct.text
+        assert direct.headers[REPLICA_HEADER] == proxied.headers[REPLICA_HEADER]  # the one replica
+        grouped = httpx.get(f"http://127.0.0.1:{direct_port}/v2/models/multi", timeout=30)  # handed to the group
         assert grouped.status_code == 200 and grouped.json()["state"] == "READY", grouped.text
         grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         assert grpc_client.is_server_ready() and grpc_client.is_model_ready("mlp")
@@ -49,14 +57,15 @@ def test_ray_serve_command_serves_until_sigterm(repository: Path, settings: Sett
     small.mkdir()
     (small / "mlp").symlink_to(repository / "mlp")
     (small / "multi").symlink_to(repository / "multi")
-    before, port, grpc_port = ray_processes(), free_port(), free_port()
+    before, port, grpc_port, direct_port = ray_processes(), free_port(), free_port(), free_port()
     command = [
         sys.executable, "-m", "layerserve", "ray", "serve", str(small), "--address", "local", "--http-port",
         str(port), "--replicas", "1", "--replica-cpus", "0.5", "--engine-cache-dir", str(settings.engine_cache_dir),
-        "--reload-interval-s", "0", "--grpc-port", str(grpc_port), "--group", "multi:1:0.25",
+        "--reload-interval-s", "0", "--grpc-port", str(grpc_port), "--group", "multi:1:0.25", "--direct-port",
+        str(direct_port),
     ]  # fmt: skip
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
-        _check_serving(process, port, grpc_port)
+        _check_serving(process, port, grpc_port, direct_port)
     deadline = time.monotonic() + 30
     while ray_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)

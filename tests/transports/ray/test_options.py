@@ -44,6 +44,8 @@ def test_groups_inherit_the_top_level_and_route_by_pattern() -> None:
         ({"groups": {"x": {"replicas": 2}}}, "ray option 'groups.x.models'"),
         ({"groups": {"Big Models": {"models": ["a"]}}}, "group name 'Big Models'"),
         ({"groups": {"x": {"models": ["a"], "autoscaling": {"min": 5, "max": 2}}}}, "min (5) is above max (2)"),
+        ({"direct_port": 8100, "autoscaling": {"max": 4}}, "direct_port with autoscaling"),
+        ({"direct_port": 70000}, "ray option 'direct_port': Input should be less than or equal to 65535"),
     ],
 )
 def test_bad_ray_options_name_what_is_wrong(values: dict[str, object], named: str) -> None:

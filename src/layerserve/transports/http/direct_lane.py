@@ -57,6 +57,11 @@ class DirectLane:
         self._compresses = bool(settings.compress_min_bytes)
         self._recorder = RequestRecorder(settings.access_log)
         self._routes: dict[Endpoint, str] = {}  # each route's name in the request metrics
+        self._headers: tuple[tuple[bytes, bytes], ...] = ()  # added to every answer (add_answer_header)
+
+    def add_answer_header(self, name: str, value: str) -> None:
+        """Add `name: value` to every answer of this lane (as a middleware of the app adds it to the app's)."""
+        self._headers = (*self._headers, (name.encode("latin-1"), value.encode("latin-1")))
 
     def target(self, scope: dict[str, Any]) -> tuple[Endpoint, dict[str, str]] | None:
         """The route and path parameters of a request this lane answers; None for one the app answers."""
@@ -76,12 +81,12 @@ class DirectLane:
             refused = None if self._tokens is None else self._tokens.refusal(scope)
             if refused is not None:
                 status = refused[0]
-                await write_answer(cycle, status, *refusal(*refused))
+                await write_answer(cycle, status, *refusal(*refused), self._headers)
                 return
             scope["app"], scope["path_params"], scope["endpoint"] = self._app, params, endpoint
             response = await answer(endpoint, Request(scope, cycle.receive))  # type: ignore[arg-type]
             status = response.status_code
-            await write_answer(cycle, status, response.raw_headers, response.body)
+            await write_answer(cycle, status, response.raw_headers, response.body, self._headers)
         except asyncio.CancelledError:
             if not call.cancelled:
                 raise
@@ -93,7 +98,7 @@ class DirectLane:
             message = log_internal_error(scope, error)
             if not cycle.response_started:
                 status = 500
-                await write_answer(cycle, 500, *refusal(500, message))
+                await write_answer(cycle, 500, *refusal(500, message), self._headers)
         finally:
             IN_FLIGHT.dec()
             seconds = time.perf_counter() - started
@@ -102,17 +107,18 @@ class DirectLane:
 
 
 async def write_answer(
-    cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes | memoryview
-) -> None:
-    """Status line, headers (the server's defaults first) and body in one write, then the cycle's end as uvicorn's
-    own `send` ends it (keep-alive or close, the next pipelined request)."""
+    cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes | memoryview,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:  # fmt: skip
+    """Status line, headers (the server's defaults first, `extra` last) and body in one write, then the cycle's
+    end as uvicorn's own `send` ends it (keep-alive or close, the next pipelined request)."""
     if cycle.flow.write_paused and not cycle.disconnected:
         await cycle.flow.drain()
     if cycle.disconnected:
         return
     cycle.response_started, cycle.waiting_for_100_continue = True, False
     head = [STATUS_LINE[status]]
-    for name, value in (*cycle.default_headers, *headers):
+    for name, value in (*cycle.default_headers, *headers, *extra):
         head += (name, b": ", value, b"\r\n")
     if not cycle.keep_alive:
         head.append(b"connection: close\r\n")

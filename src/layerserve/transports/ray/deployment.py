@@ -24,14 +24,16 @@ def _served(settings: Settings, models: str) -> str:
 def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
     """The Ray Serve application (`serve.run(build_app(settings))`): the ingress deployment's replicas serve
     every model of `settings.model_repository` that is in no group, with the whole HTTP API and, through Ray
-    Serve's gRPC proxy, GRPCInferenceService (see build_replica, grpc_ingress.py); each group's deployment
-    serves its models, the ingress handing it their requests (group_router.py); a board keeps them in step.
+    Serve's gRPC proxy, GRPCInferenceService (see build_replica, grpc_ingress.py), and on `direct_port` too
+    when set (direct_door.py); each group's deployment serves its models, the ingress handing it their requests
+    (group_router.py); a board keeps them in step.
 
     The repository must be a path every node sees (shared storage); each replica loads its models itself.
     """
     from ray import serve
 
     from layerserve.transports.grpc.servicer import InferenceServicer
+    from layerserve.transports.ray.direct_door import DirectDoor
     from layerserve.transports.ray.group_replica import GroupReplica
     from layerserve.transports.ray.group_router import GroupRouter
     from layerserve.transports.ray.grpc_ingress import GrpcMethods
@@ -61,7 +63,8 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
         def __serve_build_asgi_app__(self) -> Any:  # runs in each replica, when it starts
             replica = build_replica(ingress_json, self._board, groups=names, job_cpus=chosen.job_cpus)
             self._servicer, self._grpc_identity = replica.grpc, replica.identity
-            return GroupRouter(replica.app, chosen, self._grpc_groups[1]) if chosen.groups else replica.app
+            app = GroupRouter(replica.app, chosen, self._grpc_groups[1]) if chosen.groups else replica.app
+            return DirectDoor(app, settings, chosen.direct_port) if chosen.direct_port else app
 
         def _grpc_servicer(self) -> InferenceServicer:
             assert self._servicer is not None, "the replica has not started"

@@ -73,9 +73,11 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
         wait_ready(f"http://{host}:{http_port}", ready_timeout_s)
         log.info("serving %s on Ray Serve at http://%s:%d (%d replicas)", settings.model_repository, host,
                  http_port, options.replicas)  # fmt: skip
-        grpc_line = f", gRPC {host}:{settings.grpc_port}" if settings.grpc_port else ""
+        doors = f", gRPC {host}:{settings.grpc_port}" if settings.grpc_port else ""
+        if options.direct_port:
+            doors += f", direct http://{host}:{options.direct_port}"
         groups = "".join(f", group {name}: {group.replicas}" for name, group in options.groups.items())
-        print(f"layerserve on Ray Serve: http://{host}:{http_port}{grpc_line} ({options.replicas} replicas{groups})",
+        print(f"layerserve on Ray Serve: http://{host}:{http_port}{doors} ({options.replicas} replicas{groups})",
               flush=True)  # fmt: skip
         if not is_local:
             return 0

@@ -81,10 +81,12 @@ _REPLICA_FIELDS = set(ReplicaOptions.model_fields)
 
 
 class RayOptions(ReplicaOptions):
-    """The replicas of every model not in a group, the groups by name, and the CPUs each training job's Ray
-    task reserves (on whichever node has them). A group's unset replica options are the top level's."""
+    """The replicas of every model not in a group, the groups by name, the CPUs each training job's Ray task
+    reserves (on whichever node has them), and the direct port (0: none) on which every replica of those serves
+    HTTP itself, past Ray Serve's proxy (direct_door.py). A group's unset replica options are the top level's."""
 
     job_cpus: float = Field(1.0, gt=0)
+    direct_port: int = Field(0, ge=0, le=65535)
     groups: dict[str, Group] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -104,6 +106,11 @@ class RayOptions(ReplicaOptions):
         for name in self.groups:
             if not _GROUP_NAME.fullmatch(name) or name == "board":
                 raise ValueError(f"group name {name!r}: use lower-case letters, digits, - and _ (not 'board')")
+        if self.direct_port and self.autoscaling is not None:
+            raise ValueError(
+                "direct_port with autoscaling: Ray Serve's autoscaler counts only the requests through its proxy, "
+                "not those on the direct port; give a fixed number of replicas"
+            )
         return self
 
     def group_of(self, model: str) -> str | None:

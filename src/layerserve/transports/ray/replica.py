@@ -31,11 +31,17 @@ def replica_identity() -> str:
 
 
 class ReplicaHeaderMiddleware:
-    """Adds `layerserve-replica: <node id>/<replica id>` to every HTTP answer (lifespan passes through)."""
+    """Adds `layerserve-replica: <node id>/<replica id>` to every HTTP answer (lifespan passes through), and to
+    the answers of the app's direct lane, whose `state` it shows the server (a replica's direct door, see
+    direct_door.py)."""
 
     def __init__(self, app: ASGIApp, identity: str) -> None:
         self._app = app
         self._header = (REPLICA_HEADER.encode(), identity.encode())
+        self.state = getattr(app, "state", None)
+        lane = getattr(self.state, "direct_lane", None)
+        if lane is not None:
+            lane.add_answer_header(REPLICA_HEADER, identity)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
