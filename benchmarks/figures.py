@@ -56,8 +56,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "memory": Benchmark("memory.py", (), ("--quick",)),
     "ray_scale": Benchmark(
         "ray_scale.py",
-        ("--duration-s", "6", "--ingress", "proxy", "haproxy-lean"),
-        ("--duration-s", "1", "--ingress", "haproxy-lean"),
+        ("--duration-s", "6", "--ingress", "proxy", "haproxy-lean", "direct"),
+        ("--duration-s", "1", "--ingress", "direct"),
     ),
     "soak": Benchmark("soak.py", ("--duration-s", "600"), ("--duration-s", "60", "--warmup-s", "20")),
 }

@@ -1,14 +1,17 @@
 """Native `layerserve serve` vs `layerserve ray serve` with 1 and 2 replicas, in one run, on the demo repository.
 
     .venv/bin/python benchmarks/ray_scale.py [--duration-s 10] [--concurrency 8 32] [--replica-cpus 1]
-                                             [--ingress proxy haproxy haproxy-lean] [--models token_classifier ...]
-                                             [--json PATH]
+                                             [--ingress proxy haproxy haproxy-lean direct]
+                                             [--models token_classifier ...] [--json PATH]
 
 Each setup serves the demo repository on this machine (Ray: `--address local`, its proxy in front); each model
 gets the V2 binary tensor workload of `layerserve bench` (the feature cache bypassed), one concurrency level at
-a time after a warm-up. The table gives req/s, p50 and p99 per setup and the ratio to native. On 2 cores the
-replicas, Ray's proxy and the load generator share the same cores, so the ratio measures the cost of Ray's path
-(proxy, router, replica actor) per request, not what more nodes would add.
+a time after a warm-up. The native server keeps serving while Ray's setups run: each Ray step is measured in
+slices that take turns with slices of the native server (as `layerserve bench --bare` does with the bare
+stack), and "x native" is the median of the side-by-side ratios, so that the machine's drift between steps does
+not enter it. The table gives req/s, p50 and p99 per setup and that ratio. On 2 cores the replicas, Ray's proxy
+and the load generator share the same cores, so the ratio measures the cost of Ray's path (proxy, router,
+replica actor) per request, not what more nodes would add.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from demo_server import demo_server
-from layerserve.bench.generator import StepResult, build_workload, run_step
+from layerserve.bench.generator import PAIRED_ROUNDS, References, StepResult, build_workload, run_paired_step, run_step
 from layerserve.demo import build_demo_repository
 from results import arguments, table, write_result
 
 MODELS = ("token_classifier", "efficientnet_lite0")
 # Ray Serve 2.60's ingresses: its Python proxy (the default); HAProxy in front of replicas that serve HTTP
-# themselves (direct ingress).
+# themselves (direct ingress); "direct": layerserve's own server in each replica, on `--direct-port` (no proxy).
 # "haproxy-lean" also runs the app on the replica's own event loop (Ray Serve hands each request to a second loop,
 # in another thread, by default) and gives HAProxy one thread (4 by default) on these 2 cores.
 INGRESS = {
@@ -49,6 +52,7 @@ INGRESS = {
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
         "RAY_SERVE_HAPROXY_NBTHREAD": "1",
     },
+    "direct": {},
 }
 
 
@@ -56,11 +60,13 @@ INGRESS = {
 def ray_server(
     port: int, repository: Path, cache: Path, replicas: int, replica_cpus: float, ingress: str
 ) -> Iterator[str]:
-    """`layerserve ray serve --address local` in a subprocess; the proxy's URL once every replica is ready."""
+    """`layerserve ray serve --address local` in a subprocess; once every replica is ready, the URL of the
+    ingress (the proxy's; with "direct", the replicas' own port, `port` + 1)."""
+    direct = ["--direct-port", str(port + 1)] if ingress == "direct" else []
     command = [
         sys.executable, "-m", "layerserve", "ray", "serve", str(repository), "--address", "local",
         "--http-port", str(port), "--replicas", str(replicas), "--replica-cpus", str(replica_cpus),
-        "--engine-cache-dir", str(cache), "--log-level", "warning", "--grpc-port", "0",
+        "--engine-cache-dir", str(cache), "--log-level", "warning", "--grpc-port", "0", *direct,
     ]  # fmt: skip
     env = {**os.environ, **INGRESS[ingress]}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
@@ -69,7 +75,7 @@ def ray_server(
         line = process.stdout.readline()  # printed once every model of every replica is ready
         if "http://" not in line:
             raise RuntimeError(f"layerserve ray serve did not start: {line!r}")
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port + 1 if direct else port}"
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
@@ -81,16 +87,21 @@ def _ready(url: str) -> None:
 
 
 def measure(
-    url: str, models: list[str], concurrency: list[int], seconds: float, pool: object
-) -> dict[tuple[str, int], StepResult]:
-    """Each model at each concurrency, after a 2 s warm-up per model."""
+    url: str, models: list[str], concurrency: list[int], seconds: float, pool: object, native: str | None = None
+) -> dict[tuple[str, int], tuple[StepResult, float | None]]:
+    """Each model at each concurrency, after a 2 s warm-up per model; with `native` (its URL), in slices that take
+    turns with the native server's, and the ratio to native (the median of side-by-side slices' ratios)."""
     _ready(url)
     results = {}
     for model in models:
         workload = build_workload(url, model, "tensor", 1, None, use_cache=False)
+        references = References()
+        if native is not None:
+            references = References(bare=(native, build_workload(native, model, "tensor", 1, None, use_cache=False)))
         run_step(url, workload, concurrency[0], 2.0, pool)  # type: ignore[arg-type]
         for level in concurrency:
-            results[(model, level)] = run_step(url, workload, level, seconds, pool)  # type: ignore[arg-type]
+            step, _, ratios = run_paired_step(url, workload, level, seconds, pool, references)  # type: ignore[arg-type]
+            results[(model, level)] = (step, ratios.get("vs_bare"))
     return results
 
 
@@ -123,38 +134,37 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="layerserve-ray-scale-"))
     repository, cache = work / "repo", work / "cache"
     build_demo_repository(repository)
-    setups: dict[str, dict[tuple[str, int], StepResult]] = {}
+    setups: dict[str, dict[tuple[str, int], tuple[StepResult, float | None]]] = {}
     ready_s: dict[str, float] = {}
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         flags = ("--grpc-port", "0", "--engine-cache-dir", str(cache))
-        with demo_server(args.port, repository, *flags) as (url, _):
-            setups["native serve"] = measure(url, args.models, args.concurrency, args.duration_s, pool)
-        for ingress in args.ingress:
-            for replicas in (1, 2):
-                started = time.perf_counter()
-                with ray_server(args.port + 1, repository, cache, replicas, args.replica_cpus, ingress) as url:
-                    name = f"Ray {ingress}, {replicas} replica(s)"
-                    ready_s[name] = time.perf_counter() - started
-                    print(f"{name}: ready in {ready_s[name]:.0f} s", flush=True)
-                    setups[name] = measure(url, args.models, args.concurrency, args.duration_s, pool)
-    native = setups["native serve"]
+        with demo_server(args.port, repository, *flags) as (native, _):  # serves throughout: the reference
+            setups["native serve"] = measure(native, args.models, args.concurrency, args.duration_s, pool)
+            for ingress in args.ingress:
+                for replicas in (1, 2):
+                    started = time.perf_counter()
+                    with ray_server(args.port + 1, repository, cache, replicas, args.replica_cpus, ingress) as url:
+                        name = f"Ray {ingress}, {replicas} replica(s)"
+                        ready_s[name] = time.perf_counter() - started
+                        print(f"{name}: ready in {ready_s[name]:.0f} s", flush=True)
+                        setups[name] = measure(url, args.models, args.concurrency, args.duration_s, pool, native)
     print("| model | setup | concurrency | req/s | p50 ms | p99 ms | x native | errors |")
     print("|---|---|---|---|---|---|---|---|")
     for model in args.models:
         for name, results in setups.items():
             for level in args.concurrency:
-                step = results[(model, level)]
-                ratio = step.req_s / native[(model, level)].req_s
+                step, ratio = results[(model, level)]
                 print(f"| {model} | {name} | {level} | {step.req_s:,.0f} | {step.p50_ms:.2f} | {step.p99_ms:.2f} | "
-                      f"{ratio:.2f} | {sum(step.errors.values())} |")  # fmt: skip
+                      f"{ratio or 1.0:.2f} | {sum(step.errors.values())} |")  # fmt: skip
     if args.json:
         result = [
             {"name": name, "ready_s": ready_s.get(name),
-             "steps": [{"model": model, **asdict(step), "x_native": step.req_s / native[(model, level)].req_s}
-                       for (model, level), step in results.items()]}
+             "steps": [{"model": model, **asdict(step), "x_native": 1.0 if ratio is None else ratio}
+                       for (model, level), (step, ratio) in results.items()]}
             for name, results in setups.items()
         ]  # fmt: skip
-        write_result(args.json, {"parameters": {**arguments(args), "use_cache": False}, "setups": result})
+        parameters = {**arguments(args), "use_cache": False, "paired_rounds": PAIRED_ROUNDS}
+        write_result(args.json, {"parameters": parameters, "setups": result})
 
 
 if __name__ == "__main__":
