@@ -1,9 +1,10 @@
 """`layerserve ray serve --address local` as a user runs it: a local Ray, every model served (one in a group of
-its own), over HTTP (Ray's proxy, and the replica's own direct port) and gRPC; SIGTERM stops it with status 0 and
-no Ray process left behind."""
+its own), over HTTP (Ray's proxy, and the replica's own direct port) and gRPC, its replicas at niceness 0;
+SIGTERM stops it with status 0 and no Ray process left behind."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -43,6 +44,8 @@ def _check_serving(process: subprocess.Popen[str], port: int, grpc_port: int, di
         assert direct.headers[REPLICA_HEADER] == proxied.headers[REPLICA_HEADER]  # the one replica
         grouped = httpx.get(f"http://127.0.0.1:{direct_port}/v2/models/multi", timeout=30)  # handed to the group
         assert grouped.status_code == 200 and grouped.json()["state"] == "READY", grouped.text
+        replicas = [pid for pid in ray_processes() if b"ServeReplica" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert replicas and all(os.getpriority(os.PRIO_PROCESS, pid) == 0 for pid in replicas)  # not Ray's 15
         grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         assert grpc_client.is_server_ready() and grpc_client.is_model_ready("mlp")
         process.send_signal(signal.SIGTERM)

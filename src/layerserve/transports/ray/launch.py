@@ -18,6 +18,8 @@ from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIA
 
 log = logging.getLogger(__name__)
 
+WORKER_NICENESS_VARIABLE = "RAY_worker_niceness"
+
 
 def wait_ready(url: str, timeout_s: float) -> None:
     """Wait until every replica of the application has started (each loads every model before it does), then
@@ -62,6 +64,9 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
     is_local = address == "local"
     if is_local:
         os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)  # the Ray started here inherits it
+        # Ray starts its workers (so the replicas and its proxy) at niceness 15, behind every other program of
+        # the machine; a server started here should not yield its cores to whatever else runs beside it.
+        os.environ.setdefault(WORKER_NICENESS_VARIABLE, "0")
     ray.init(address=None if is_local else address, include_dashboard=False, logging_level=logging.WARNING)
     try:
         grpc = {"port": settings.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}  # Ray's gRPC proxy
