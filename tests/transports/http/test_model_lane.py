@@ -5,14 +5,18 @@ what the lane does not take reaches the router."""
 from __future__ import annotations
 
 import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+import keras
 import numpy as np
 import orjson
 import pytest
 from starlette.requests import Request
 from starlette.responses import Response
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from layerserve.transports.http import model_lane
 from layerserve.transports.http.direct_lane import DirectLane, LaneCall
@@ -152,3 +156,42 @@ def test_an_unexpected_error_in_a_lane_route_is_a_500_with_an_id_and_the_connect
         assert failed.status_code == 500 and failed.json()["error"].startswith("internal error ")
         monkeypatch.undo()
         assert client.post("/v2/models/mlp/infer", content=_infer_json(1)).status_code == 200
+
+
+def test_a_large_body_of_announced_length_reaches_the_route_whole_and_is_answered_as_keras(
+    server: LiveServer, repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    messages: list[tuple[int, bool]] = []  # (body bytes, more_body) of each message a lane route received
+    receive = RequestResponseCycle.receive
+
+    async def recording_receive(self: RequestResponseCycle) -> Any:
+        message = await receive(self)
+        messages.append((len(message.get("body", b"")), message.get("more_body", False)))
+        return message
+
+    monkeypatch.setattr(RequestResponseCycle, "receive", recording_receive)
+    x = np.random.default_rng(7).normal(size=(20_000, 10)).astype(np.float32)
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1)}]},
+                        option=orjson.OPT_SERIALIZE_NUMPY)  # fmt: skip
+    assert len(body) > 1 << 20  # 16 times what uvicorn reads before it pauses a connection for the app
+    host, port = server.host_port.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        request = _request("POST", "/v2/models/mlp/versions/2/infer", body)
+        for start in range(0, len(request), 64 << 10):  # in pieces the server reads one by one
+            sock.sendall(request[start : start + (64 << 10)])
+            time.sleep(0.002)
+        ((status, answer),) = _read_answers(sock, 1)
+    assert status == 200, answer
+    assert messages == [(len(body), False)]  # one message: the route woke once, for the whole body
+    (output,) = orjson.loads(answer)["outputs"]
+    expected = keras.models.load_model(repository / "mlp" / "2" / "model.keras")(x).numpy()
+    np.testing.assert_allclose(np.asarray(output["data"]).reshape(output["shape"]), expected, atol=1e-5)
+
+    def chunks() -> Any:  # no announced length: read as uvicorn reads it, in messages as it arrives
+        for start in range(0, len(body), 64 << 10):
+            yield body[start : start + (64 << 10)]
+
+    messages.clear()
+    chunked = httpx.post(f"{server.url}/v2/models/mlp/versions/2/infer", content=chunks(), timeout=30)
+    assert chunked.status_code == 200 and chunked.json()["outputs"] == orjson.loads(answer)["outputs"]
+    assert len(messages) > 1 and sum(size for size, _ in messages) == len(body)

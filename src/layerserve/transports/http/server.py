@@ -94,10 +94,19 @@ class HttpProtocol(HttpToolsProtocol):
         if target is None:
             super()._start_asgi_task(cycle, app)
             return
-        call = self._lane_call = LaneCall(cycle)
+        call = self._lane_call = LaneCall(cycle, lane.reads_whole(cycle.scope))  # type: ignore[union-attr, arg-type]
         call.task = task = self.loop.create_task(lane.serve(call, *target))  # type: ignore[union-attr]
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+
+    def on_body(self, body: bytes) -> None:
+        """As uvicorn, except for a lane request whose body is read whole: kept without waking the route, which
+        takes it when the message is complete, and without pausing the connection at every 64 KiB."""
+        call, cycle = self._lane_call, self.cycle
+        if call is None or not call.whole_body or call.cycle is not cycle or cycle.response_complete:
+            super().on_body(body)
+        elif not self.parser.should_upgrade():
+            cycle.body += body
 
     def connection_lost(self, exc: Exception | None) -> None:
         """As uvicorn, and a lane request whose answer has not begun is cancelled: nobody is left to answer."""
