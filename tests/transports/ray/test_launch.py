@@ -73,3 +73,19 @@ def test_ray_serve_command_serves_until_sigterm(repository: Path, settings: Sett
     while ray_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ray_processes() - before, "Ray processes outlived `layerserve ray serve`"
+
+
+def test_replicas_a_local_ray_cannot_place_are_refused_with_what_to_change(repository: Path, tmp_path: Path) -> None:
+    before = ray_processes()
+    command = [
+        sys.executable, "-m", "layerserve", "ray", "serve", str(repository / "mlp"), "--address", "local",
+        "--http-port", str(free_port()), "--replicas", "2", "--replica-cpus", "4096", "--grpc-port", "0",
+    ]  # fmt: skip
+    finished = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 2, finished.stderr[-2000:]
+    assert "a replica of layerserve needs 4096 CPU and no node has more than" in finished.stderr
+    assert "--replica-cpus" in finished.stderr  # what to change
+    deadline = time.monotonic() + 30
+    while ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes() - before, "Ray processes outlived the refusal"

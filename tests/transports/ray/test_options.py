@@ -74,3 +74,33 @@ def test_the_model_of_a_request_path() -> None:
     assert model_of_path("/v2/repository/models/mlp/load") == "mlp"
     assert model_of_path("/v1/models/mlp:predict") == "mlp" and model_of_path("/v1/models/mlp/versions/1") == "mlp"
     assert model_of_path("/v2/models/stats") is None and model_of_path("/v2/jobs/abc") is None
+
+
+def test_replicas_that_no_cluster_of_these_nodes_can_place_are_named() -> None:
+    two_cores = [{"CPU": 2.0, "memory": 1e10}]
+    readme = ray_options({"replicas": 2, "groups": {"efficientnet": {"models": ["efficientnet*"], "replicas": 2}}})
+    assert readme.shortfall(two_cores) == (
+        "the replicas need 4 CPU in all (layerserve: 2 x 1, layerserve-efficientnet: 2 x 1) and the cluster has 2"
+    )
+    halves = ray_options({"replicas": 2, "replica_cpus": 0.5, "groups": {"e": {"models": ["e*"], "replicas": 2}}})
+    assert halves.shortfall(two_cores) is None  # the group inherits the half CPU: 2 in all
+    assert halves.shortfall([{"CPU": 1.0}, {"CPU": 0.5}]) == (
+        "the replicas need 2 CPU in all (layerserve: 2 x 0.5, layerserve-e: 2 x 0.5) and the cluster has 1.5"
+    )
+    big = ray_options({"replica_cpus": 3})
+    assert big.shortfall([{"CPU": 2.0}, {"CPU": 2.0}]) == (
+        "a replica of layerserve needs 3 CPU and no node has more than 2"
+    )
+    assert ray_options({"replica_gpus": 1}).shortfall(two_cores) == (
+        "a replica of layerserve needs 1 GPU and no node has more than 0"
+    )
+    tagged = ray_options({"replica_cpus": 0.5, "resources": {"big_node": 1}, "replicas": 2})
+    assert tagged.shortfall([{"CPU": 2.0, "big_node": 1.0}, {"CPU": 2.0}]) == (
+        "the replicas need 2 big_node in all (layerserve: 2 x 1) and the cluster has 1"
+    )
+    assert tagged.shortfall([{"CPU": 2.0, "big_node": 1.0}, {"CPU": 2.0, "big_node": 1.0}]) is None
+    scaled = ray_options({"autoscaling": {"min": 0, "max": 8}, "replica_cpus": 4})
+    assert scaled.shortfall(two_cores) is None  # none needed until load comes; the autoscaler's to place
+    assert ray_options({"autoscaling": {"min": 3, "max": 8}}).shortfall(two_cores) == (
+        "the replicas need 3 CPU in all (layerserve: 3 x 1) and the cluster has 2"
+    )

@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from layerserve.errors import NotReadyError
+from layerserve.errors import ConfigError, NotReadyError
 from layerserve.settings import Settings
 from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
 from layerserve.transports.ray.grpc_ingress import SERVICER_FUNCTION
@@ -51,6 +51,25 @@ def wait_ready(url: str, timeout_s: float) -> None:
     raise NotReadyError(f"the Ray Serve application was not ready within {timeout_s:.0f} s: {last}")
 
 
+def _check_placement(options: RayOptions, is_local: bool) -> None:
+    """Refuse replicas that the Ray started here cannot place; on a cluster (whose autoscaler may add nodes),
+    say so and deploy.
+
+    Raises:
+        ConfigError: a local Ray has too few resources for the replicas asked for.
+    """
+    import ray
+
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
+    shortfall = options.shortfall(nodes)
+    if shortfall is None:
+        return
+    advice = "ask for fewer replicas or less of each (--replicas, --replica-cpus, a group's :CPUS)"
+    if is_local:
+        raise ConfigError(f"{shortfall}: {advice}")
+    log.warning("%s: the replicas wait until the cluster has the resources (or %s)", shortfall, advice)
+
+
 def launch(settings: Settings, options: RayOptions, address: str, http_port: int, ready_timeout_s: float) -> int:
     """Deploy `settings.model_repository` on Ray Serve (see build_app) and wait until every model is ready.
 
@@ -69,6 +88,7 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
         os.environ.setdefault(WORKER_NICENESS_VARIABLE, "0")
     ray.init(address=None if is_local else address, include_dashboard=False, logging_level=logging.WARNING)
     try:
+        _check_placement(options, is_local)
         grpc = {"port": settings.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}  # Ray's gRPC proxy
         serve.start(
             http_options={"host": settings.host, "port": http_port}, grpc_options=grpc if settings.grpc_port else None

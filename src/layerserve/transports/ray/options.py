@@ -113,6 +113,32 @@ class RayOptions(ReplicaOptions):
             )
         return self
 
+    def shortfall(self, nodes: list[dict[str, float]]) -> str | None:
+        """What keeps the replicas from being placed on nodes with these Ray resources (CPU, GPU, custom), or
+        None: more of a resource than all the nodes have together, or a replica that needs more than any one
+        node has (autoscaling groups count their `min`).
+
+        Ray Serve would wait for resources that never come, and the deployment would never be ready.
+        """
+        deployments = {"layerserve": self, **{f"layerserve-{name}": group for name, group in self.groups.items()}}
+        needed: dict[str, list[tuple[str, int, float]]] = {}
+        for name, replicas in deployments.items():
+            count = replicas.autoscaling.min if replicas.autoscaling else replicas.replicas
+            each = {"CPU": replicas.replica_cpus, "GPU": replicas.replica_gpus, **replicas.resources}
+            for resource, amount in each.items():
+                if amount > 0 and count > 0:
+                    needed.setdefault(resource, []).append((name, count, amount))
+        for resource, uses in needed.items():
+            largest = max((node.get(resource, 0.0) for node in nodes), default=0.0)
+            for name, _, amount in uses:
+                if amount > largest:
+                    return f"a replica of {name} needs {amount:g} {resource} and no node has more than {largest:g}"
+            total, has = sum(count * amount for _, count, amount in uses), sum(n.get(resource, 0.0) for n in nodes)
+            if total > has + 1e-9:
+                parts = ", ".join(f"{name}: {count} x {amount:g}" for name, count, amount in uses)
+                return f"the replicas need {total:g} {resource} in all ({parts}) and the cluster has {has:g}"
+        return None
+
     def group_of(self, model: str) -> str | None:
         """The group that serves `model`, or None (the replicas of every other model)."""
         import fnmatch
