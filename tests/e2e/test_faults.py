@@ -16,11 +16,11 @@ import httpx
 import keras
 import numpy as np
 
+from corpora import rotten_tomatoes
 from layerserve.settings import Settings
 from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
 from tests.live_server import start_server
 from tests.models import build_mlp, save_model
-from tests.training.test_tokenizer import english_reviews
 
 X = {"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}
 
@@ -76,7 +76,7 @@ def read_only(folder: Path) -> Iterator[None]:
 
 def test_unwritable_repository_fails_apply_and_training_cleanly(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    texts, labels = english_reviews(300)
+    texts, labels = rotten_tomatoes(300)
     params = TextTrainingParams(epochs=1)
     write_version(repo / "reviews", train_text_classifier(texts, labels, params), params)
     with read_only(repo):

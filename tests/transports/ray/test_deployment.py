@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 import pytest
 
+from corpora import rotten_tomatoes
 from layerserve.settings import Settings
 from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
 from layerserve.transports.ray.grpc_ingress import SERVICER_FUNCTION
@@ -33,7 +34,7 @@ from tests.live_server import free_port
 from tests.models import load_reference
 from tests.redis_server import RedisServer
 from tests.training.test_jobs import wait_for
-from tests.training.test_tokenizer import POSITIVE, english_reviews
+from tests.training.test_tokenizer import POSITIVE
 from tests.transports.ray.processes import ray_processes
 
 pytestmark = pytest.mark.slow
@@ -335,7 +336,7 @@ def test_a_new_version_is_served_by_every_replica_with_no_failed_request(
 
 
 def test_a_training_job_through_the_cluster_is_served_by_every_replica(cluster_url: str) -> None:
-    texts, labels = english_reviews(300)
+    texts, labels = rotten_tomatoes(300)
     body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 2, "seed": 1}, "apply": True}
     with httpx.Client(base_url=cluster_url, timeout=60) as client:
         started = client.post("/v2/models/en_reviews/train", json=body)
@@ -364,7 +365,7 @@ def test_a_training_job_through_the_cluster_is_served_by_every_replica(cluster_u
 
 
 def test_a_training_job_is_cancelled_through_any_replica(cluster_url: str) -> None:
-    texts, labels = english_reviews(300)
+    texts, labels = rotten_tomatoes(300)
     body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 200, "patience": 200, "seed": 1}}
     with httpx.Client(base_url=cluster_url, timeout=60) as client:
         started = client.post("/v2/models/en_long/train", json=body)
