@@ -142,6 +142,22 @@ def test_a_header_seen_before_is_parsed_once_and_gives_the_same_request() -> Non
     assert check.calls == 1  # the header was parsed and checked by the first request only
 
 
+def test_binary_inputs_are_views_of_the_body_not_copies() -> None:
+    # A 600 KB image tensor copied out of its body cost about 0.1 ms of a request at concurrency 1.
+    x = np.arange(4 * 224 * 3, dtype=np.float32).reshape(4, 224, 3)
+    body, length = _binary_request(x)
+    whole = np.frombuffer(body, np.uint8)
+    templates, owner = HeaderTemplates(), _Owner()
+    # Parsed in full, then in full and kept as a template, then from the template.
+    for parsed in (
+        parse_infer_request(body, length),
+        templates.parse(body, length, owner),
+        templates.parse(body, length, owner),
+    ):
+        np.testing.assert_array_equal(parsed.inputs["x"], x)
+        assert np.shares_memory(parsed.inputs["x"], whole) and not parsed.inputs["x"].flags.writeable
+
+
 def test_another_owner_a_short_body_an_id_or_json_data_are_parsed_in_full() -> None:
     templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
     x = np.ones((1, 4), np.float32)

@@ -43,20 +43,21 @@ def parse_version_number(raw: str | None) -> int | None:
     return int(raw)
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
-    """Split a body into its JSON header and binary tail per `Inference-Header-Content-Length`.
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """Split a body into its JSON header and a view of its binary tail (not a copy: the arrays are views of the
+    body) per `Inference-Header-Content-Length`.
 
     Raises:
         BadRequestError: the header is not an integer within the body's length.
     """
     if header_length is None:
-        return body, b""
+        return body, memoryview(b"")
     if not (header_length.strip().isascii() and header_length.strip().isdigit()):
         raise BadRequestError(f"Inference-Header-Content-Length must be a non-negative integer, got {header_length!r}")
     length = int(header_length)
     if length > len(body):
         raise BadRequestError(f"Inference-Header-Content-Length {length} is larger than the body ({len(body)} bytes)")
-    return body[:length], body[length:]
+    return body[:length], memoryview(body)[length:]
 
 
 MAX_JSON_DEPTH = 100
@@ -114,7 +115,7 @@ def check_parameters(parameters: dict[str, Any], what: str) -> dict[str, Any]:
     return parameters
 
 
-def _decode_bytes_elements(raw: bytes, count: int, what: str) -> Array:
+def _decode_bytes_elements(raw: bytes | memoryview, count: int, what: str) -> Array:
     elements: list[bytes] = []
     offset = 0
     while offset < len(raw):
@@ -124,7 +125,7 @@ def _decode_bytes_elements(raw: bytes, count: int, what: str) -> Array:
         offset += 4
         if offset + size > len(raw):
             raise BadRequestError(f"{what}: BYTES element of {size} bytes runs past the end of its data")
-        elements.append(raw[offset : offset + size])
+        elements.append(bytes(raw[offset : offset + size]))
         offset += size
     if len(elements) != count:
         raise BadRequestError(f"{what}: binary data holds {len(elements)} BYTES elements, shape needs {count}")
@@ -133,7 +134,7 @@ def _decode_bytes_elements(raw: bytes, count: int, what: str) -> Array:
     return array
 
 
-def decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) -> Array:
+def decode_binary(raw: bytes | memoryview, datatype: str, shape: tuple[int, ...], what: str) -> Array:
     """One tensor's binary data (little-endian values, or length-prefixed BYTES elements) as an array.
 
     Raises:
@@ -156,7 +157,9 @@ def decode_binary(raw: bytes, datatype: str, shape: tuple[int, ...], what: str) 
 CheckDeclared = Callable[[str, str, tuple[int, ...]], None]
 
 
-def _decode_input(item: Any, binary: bytes, offset: int, check: CheckDeclared | None) -> tuple[str, Array, int, bool]:
+def _decode_input(
+    item: Any, binary: memoryview, offset: int, check: CheckDeclared | None
+) -> tuple[str, Array, int, bool]:
     """One entry of 'inputs': its name, array, the offset past its binary data, and whether it came as JSON."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise BadRequestError("each entry of 'inputs' must be an object with a string 'name'")
@@ -228,7 +231,7 @@ _Layout = list[tuple[str, int, int, bool]]  # per input: its name, where its bin
 
 
 def _parse_infer_request(
-    header: bytes, binary: bytes, model: str, version: int | None, check: CheckDeclared | None
+    header: bytes, binary: memoryview, model: str, version: int | None, check: CheckDeclared | None
 ) -> tuple[InferRequest, _Layout, bool]:
     """`parse_infer_request` of a body split already, with where each input's data was and whether the header has
     an `id`."""
@@ -277,7 +280,7 @@ class _Template:
     use_cache: bool
     binary_output: bool
 
-    def apply(self, binary: bytes, model: str, version: int | None) -> InferRequest:
+    def apply(self, binary: memoryview, model: str, version: int | None) -> InferRequest:
         """The request whose binary data is `binary` (at least `end` bytes long)."""
         inputs = {
             name: np.frombuffer(binary, dtype, count, offset).reshape(shape)

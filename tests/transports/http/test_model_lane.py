@@ -21,6 +21,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from layerserve.transports.http import model_lane
 from layerserve.transports.http.direct_lane import DirectLane, LaneCall
 from layerserve.transports.http.model_lane import model_route
+from layerserve.transports.http.server import HttpProtocol
 from tests.live_server import LiveServer, metric_sample
 
 
@@ -156,6 +157,34 @@ def test_an_unexpected_error_in_a_lane_route_is_a_500_with_an_id_and_the_connect
         assert failed.status_code == 500 and failed.json()["error"].startswith("internal error ")
         monkeypatch.undo()
         assert client.post("/v2/models/mlp/infer", content=_infer_json(1)).status_code == 200
+
+
+def test_a_body_read_in_one_piece_reaches_the_route_as_that_piece(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pieces: list[bytes] = []  # what the protocol read, kept alive so that identities stay unique
+    bodies: list[bytes] = []  # what the route received
+    on_body, receive = HttpProtocol.on_body, RequestResponseCycle.receive
+
+    def recording_on_body(self: HttpProtocol, body: bytes) -> None:
+        pieces.append(body)
+        on_body(self, body)
+
+    async def recording_receive(self: RequestResponseCycle) -> Any:
+        message = await receive(self)
+        bodies.append(message["body"])
+        return message
+
+    monkeypatch.setattr(HttpProtocol, "on_body", recording_on_body)
+    monkeypatch.setattr(RequestResponseCycle, "receive", recording_receive)
+    body = _infer_json(3)
+    host, port = server.host_port.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(_request("POST", "/v2/models/mlp/versions/2/infer", body))
+        ((status, answer),) = _read_answers(sock, 1)
+    assert status == 200, answer
+    assert len(pieces) == 1 and pieces[0] == body
+    assert len(bodies) == 1 and bodies[0] is pieces[0]  # not copied on its way (uvicorn copies it twice)
 
 
 def test_a_large_body_of_announced_length_reaches_the_route_whole_and_is_answered_as_keras(

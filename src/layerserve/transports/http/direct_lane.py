@@ -38,13 +38,15 @@ from layerserve.transports.request_record import RequestRecorder
 
 class LaneCall:
     """One lane request on its connection: its uvicorn cycle and task; `cancel` when its client leaves first;
-    `whole_body` when its body is read whole before the route sees it (see `DirectLane.reads_whole`)."""
+    `whole_body` when its body is read whole before the route sees it (see `DirectLane.reads_whole`), its pieces
+    in `parts` until then."""
 
-    __slots__ = ("cancelled", "cycle", "task", "whole_body")
+    __slots__ = ("cancelled", "cycle", "parts", "task", "whole_body")
 
     def __init__(self, cycle: RequestResponseCycle, whole_body: bool = False) -> None:
         self.cycle = cycle
         self.whole_body = whole_body
+        self.parts: list[bytes] = []
         self.cancelled = False
         self.task: asyncio.Task[None] | None = None
 

@@ -100,13 +100,22 @@ class HttpProtocol(HttpToolsProtocol):
         self.tasks.add(task)
 
     def on_body(self, body: bytes) -> None:
-        """As uvicorn, except for a lane request whose body is read whole: kept without waking the route, which
-        takes it when the message is complete, and without pausing the connection at every 64 KiB."""
+        """As uvicorn, except for a lane request whose body is read whole: its pieces kept without waking the route,
+        which takes them when the message is complete, and without pausing the connection at every 64 KiB."""
         call, cycle = self._lane_call, self.cycle
         if call is None or not call.whole_body or call.cycle is not cycle or cycle.response_complete:
             super().on_body(body)
         elif not self.parser.should_upgrade():
-            cycle.body += body
+            call.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        """As uvicorn, after joining a whole-read body's pieces: one copy for a body read in several, none for one
+        read at once (uvicorn grows a bytearray, then copies it into the message's bytes)."""
+        call = self._lane_call
+        if call is not None and call.parts and call.cycle is self.cycle:
+            parts, call.parts = call.parts, []
+            self.cycle.body = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[assignment]
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """As uvicorn, and a lane request whose answer has not begun is cancelled: nobody is left to answer."""
