@@ -202,6 +202,14 @@ def _demo_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_photos(args: argparse.Namespace) -> int:
+    from layerserve.demo import write_demo_photos
+
+    written = write_demo_photos(args.directory)
+    print(f"demo photos written: {', '.join(str(path) for path in written)}")
+    return 0
+
+
 def _add_ray_commands(commands: Any) -> None:
     """`layerserve ray serve`."""
     ray_command = commands.add_parser("ray", help="run on Ray Serve (pip install 'layerserve[ray]')")
@@ -287,12 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
         params.add_argument("--" + name.replace("_", "-"), dest=name, help=text, **_flag_kwargs(field.annotation))
     train.set_defaults(run=_train)
 
-    demo = commands.add_parser("demo", help="the built-in demo repository")
+    _add_demo_commands(commands)
+    return parser
+
+
+def _add_demo_commands(commands: Any) -> None:
+    demo = commands.add_parser("demo", help="the built-in demo repository and photos to send it")
     demo_commands = demo.add_subparsers(dest="demo_command", required=True)
     build = demo_commands.add_parser("build", help="write the demo repository into DIRECTORY")
     build.add_argument("directory", type=Path)
     build.set_defaults(run=_demo_build)
-    return parser
+    photos = demo_commands.add_parser("photos", help="write photos to send the demo's image models into DIRECTORY")
+    photos.add_argument("directory", type=Path)
+    photos.set_defaults(run=_demo_photos)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""The demo repository: EfficientNet-Lite0 with the packaged ImageNet weights reproduces the reference."""
+"""The demo repository: EfficientNet-Lite0 with the packaged ImageNet weights reproduces the reference; the demo's
+photos are written from the packages that ship them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import keras
 import numpy as np
 import pytest
 from PIL import Image
+
+from layerserve import demo
+from layerserve.cli import main
 
 # ASSETS.md: scikit-image's chelsea.png, centre square crop, bilinear 224 -> these top-5 scores.
 REFERENCE_TOP5 = [
@@ -27,9 +31,9 @@ def package_file(package: str, relative: str) -> Path:
     return Path(spec.submodule_search_locations[0]) / relative
 
 
-def chelsea_batch() -> np.ndarray:
-    """The reference photo as a (1, 224, 224, 3) raw RGB batch."""
-    image = Image.open(package_file("skimage", "data/chelsea.png")).convert("RGB")
+def chelsea_batch(path: Path | None = None) -> np.ndarray:
+    """The reference photo (or the file at `path`) as a (1, 224, 224, 3) raw RGB batch."""
+    image = Image.open(path or package_file("skimage", "data/chelsea.png")).convert("RGB")
     side = min(image.size)
     left, top = (image.width - side) // 2, (image.height - side) // 2
     image = image.crop((left, top, left + side, top + side)).resize((224, 224), Image.Resampling.BILINEAR)
@@ -56,3 +60,21 @@ def test_demo_repository_layout(demo_repository: Path) -> None:
     assert (demo_repository / "emotion" / "labels.txt").read_text().split() == [
         "angry", "disgust", "fear", "happy", "sad", "surprise", "neutral"
     ]  # fmt: skip
+
+
+def test_demo_photos_are_the_packaged_ones_and_a_missing_package_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["demo", "photos", str(tmp_path / "photos")]) == 0
+    assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat.png", "face.jpg"]
+    assert (tmp_path / "photos" / "cat.png").read_bytes() == package_file("skimage", "data/chelsea.png").read_bytes()
+    face = package_file("matplotlib", "mpl-data/sample_data/grace_hopper.jpg")
+    assert (tmp_path / "photos" / "face.jpg").read_bytes() == face.read_bytes()
+    np.testing.assert_array_equal(chelsea_batch(tmp_path / "photos" / "cat.png"), chelsea_batch())
+    capsys.readouterr()
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(demo.importlib.util, "find_spec", lambda name: None if name == "skimage" else find_spec(name))
+    assert main(["demo", "photos", str(tmp_path / "other")]) == 2
+    assert "pip install --no-deps scikit-image" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()  # nothing half written

