@@ -99,6 +99,24 @@ def test_labels_and_top_k() -> None:
     assert best[0][0] == {"label": "b", "index": 1, "score": pytest.approx(0.7)}
 
 
+@pytest.mark.parametrize("classes", [1, 2, 7, 64, 65, 1000])
+def test_top_k_orders_as_a_stable_argsort_with_ties_and_nan(classes: int) -> None:
+    # Few classes are sorted in Python, many by numpy: both give the order of a stable argsort of the negated
+    # scores (ties: the lower index first; NaN last) and the same scores.
+    rng = np.random.default_rng(classes)
+    scores = rng.integers(0, 4, size=(5, classes)).astype(np.float32) / 4  # many ties
+    scores[1, rng.integers(0, classes)] = np.nan
+    labels = [f"c{i}" for i in range(classes)]
+    for k in (1, 3, classes):
+        best = top_k(scores, labels, k)
+        expected = np.argsort(-scores, axis=1, kind="stable")[:, : min(k, classes)]
+        assert [[c["index"] for c in row] for row in best] == expected.tolist()
+        for number, (row, indices) in enumerate(zip(best, expected, strict=True)):
+            assert [c["label"] for c in row] == [labels[i] for i in indices]
+            np.testing.assert_array_equal([c["score"] for c in row], scores[number, indices])
+            assert all(type(c["index"]) is int and type(c["score"]) is float for c in row)
+
+
 def test_pooling() -> None:
     maps = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
     np.testing.assert_allclose(pool_features(maps, None), maps.mean(axis=(1, 2)))

@@ -16,8 +16,10 @@ import numpy as np
 import orjson
 import pytest
 from PIL import Image
+from starlette.requests import Request
 
 from layerserve.settings import Settings
+from layerserve.transports.http.middleware import query_parameters
 from tests.demo.test_demo import REFERENCE_TOP5, chelsea_batch, package_file
 from tests.live_server import LiveServer, start_server
 
@@ -260,3 +262,12 @@ def test_bench_image_workload_with_ceiling(demo_server: LiveServer, demo_reposit
     (step,) = report["steps"]
     assert step["errors"] == {} and step["requests"] > 0 and step["samples_s"] == step["req_s"]
     assert report["in_process"]["best_batch_size"] in (1, 2) and step["vs_in_process"] > 0
+
+
+@pytest.mark.parametrize(
+    "query",
+    [b"", b"top_k=3", b"cache=false&top_k=2", b"ids=a%2Cb,c&layer=block%201", b"x=1&x=2", b"pool=&layer=a+b", b"k"],
+)
+def test_query_parameters_read_as_starlette_reads_them(query: bytes) -> None:
+    scope = {"type": "http", "query_string": query, "headers": []}
+    assert query_parameters(scope) == dict(Request(scope).query_params)

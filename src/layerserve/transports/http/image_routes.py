@@ -21,16 +21,17 @@ from layerserve.transports.http.bodies import (
     read_texts,
     wants_npy,
 )
+from layerserve.transports.http.middleware import query_parameters
 from layerserve.transports.http.v2_routes import parse_version
 
 
-def _use_cache(request: Request) -> bool:
+def _use_cache(query: dict[str, str]) -> bool:
     """Query `cache=false` bypasses the feature cache."""
-    return request.query_params.get("cache") != "false"
+    return query.get("cache") != "false"
 
 
-def _query_int(request: Request, name: str, default: int | None) -> int | None:
-    raw = request.query_params.get(name)
+def _query_int(query: dict[str, str], name: str, default: int | None) -> int | None:
+    raw = query.get(name)
     if raw is None:
         return default
     if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
@@ -49,12 +50,12 @@ async def _items(request: Request, version: ModelVersion) -> list[bytes] | list[
 
 async def classify(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/classify: images or texts in, top-k labels out."""
-    runtime = request.app.state.runtime
+    runtime, query = request.app.state.runtime, query_parameters(request.scope)
     async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
-        k = _query_int(request, "top_k", 5) or 5
+        k = _query_int(query, "top_k", 5) or 5
         items = await _items(request, version)
         answer = await runtime.data.classify_on(
-            version, ClassifyRequest(version.name, items, k, version.version, _use_cache(request))
+            version, ClassifyRequest(version.name, items, k, version.version, _use_cache(query))
         )
         return JSONResponse(
             {"model_name": answer.model, "model_version": str(answer.version), "predictions": answer.predictions}
@@ -63,10 +64,10 @@ async def classify(request: Request) -> Response:
 
 async def features(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/features?layer=L[&pool=avg][&ids=a,b]: vectors out."""
-    runtime = request.app.state.runtime
-    layer = request.query_params.get("layer")
-    pool = request.query_params.get("pool") or "default"
-    ids = request.query_params["ids"].split(",") if "ids" in request.query_params else []
+    runtime, query = request.app.state.runtime, query_parameters(request.scope)
+    layer = query.get("layer")
+    pool = query.get("pool") or "default"
+    ids = query["ids"].split(",") if "ids" in query else []
     async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
         if version.tokenizer is None:
             version.require_image()
@@ -76,7 +77,7 @@ async def features(request: Request) -> Response:
         check_pool(pool, "query 'pool'")
         items = await _items(request, version)
         answer = await runtime.data.features_on(
-            version, FeaturesRequest(version.name, items, layer, pool, version.version, _use_cache(request), ids)
+            version, FeaturesRequest(version.name, items, layer, pool, version.version, _use_cache(query), ids)
         )
         if wants_npy(request):
             return Response(npy_bytes(answer.features), media_type=NPY_MEDIA_TYPE)
@@ -90,9 +91,10 @@ async def features(request: Request) -> Response:
 async def stored_feature(request: Request) -> Response:
     """GET /v2/models/{model}/features/{id}[?layer=L&version=V]: a stored vector, JSON or .npy."""
     store: FeatureStore = request.app.state.runtime.feature_store
+    query = query_parameters(request.scope)
     feature = await store.get(
-        request.path_params["model"], request.path_params["feature_id"],
-        _query_int(request, "version", None), request.query_params.get("layer"),
+        request.path_params["model"], request.path_params["feature_id"], _query_int(query, "version", None),
+        query.get("layer"),
     )  # fmt: skip
     if wants_npy(request):
         return Response(npy_bytes(feature.array), media_type=NPY_MEDIA_TYPE)

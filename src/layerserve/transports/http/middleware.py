@@ -8,6 +8,7 @@ import logging
 import re
 import secrets
 import zlib
+from urllib.parse import parse_qsl
 
 import orjson
 from starlette.middleware.gzip import GZipMiddleware, GZipResponder
@@ -50,6 +51,13 @@ def header_value(scope: Scope, wanted: bytes) -> bytes | None:
         if name == wanted:
             return bytes(value)
     return None
+
+
+def query_parameters(scope: Scope) -> dict[str, str]:
+    """The query string's parameters, a repeated name's last value winning as in Starlette's `query_params` (a
+    third of its cost: no multi-dict)."""
+    raw = scope.get("query_string", b"")
+    return dict(parse_qsl(raw.decode("latin-1"), keep_blank_values=True)) if raw else {}
 
 
 def _bearer(scope: Scope) -> bytes | None:
