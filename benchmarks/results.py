@@ -162,8 +162,9 @@ def bench_tables(report: dict[str, Any]) -> str:
             f"(batch {ceiling['best_batch_size']}) before the steps. Each step takes turns with the model in "
             f"process, four slices each: \"vs in-process ceiling\" is the median of the slices' served samples/s "
             f"over the in-process samples/s at batch {ceiling['best_batch_size']} right after"
-            + (", and at concurrency 1 \"p50 over in-process batch 1\" the median of the slices' served p50 minus "
-               "the in-process p50 of a batch of one." if over else ".")
+            + (", and at concurrency 1 \"p50 over in-process batch 1\" the median over the four rounds of the served "
+               "p50 minus the in-process p50 of a batch of one, a request and a call taking turns one by one." if over
+               else ".")
         )  # fmt: skip
     return text
 

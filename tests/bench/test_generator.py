@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from layerserve.bench.generator import BenchOptions, build_workload, run_bench
+from layerserve.bench.generator import BenchOptions, InProcessModel, _taking_turns, build_workload, run_bench
 from tests.live_server import LiveServer
 
 
@@ -18,6 +18,21 @@ def _rows_served(server: LiveServer, model: str, version: str) -> float:
     text = httpx.get(f"{server.url}/metrics").text
     match = re.search(rf'layerserve_batch_size_sum{{model="{model}",version="{version}"}} (\S+)', text)
     return float(match.group(1)) if match else 0.0
+
+
+def test_concurrency_1_takes_turns_request_by_request_with_the_model_in_process(
+    server: LiveServer, repository: Path
+) -> None:
+    workload = build_workload(server.url, "multi", "tensor", 3, None, use_cache=False)
+    model = InProcessModel(repository, "multi", workload)
+    try:
+        before = _rows_served(server, "multi", "1")
+        answered, calls = _taking_turns(server.url, workload, model, 0.5)
+    finally:
+        model.close()
+    assert len(answered) == len(calls) > 5  # one request, then one call, each timed on its own
+    assert _rows_served(server, "multi", "1") - before == 3 * len(answered)  # the server computed every request
+    assert all(0 < seconds < 5 for seconds in answered + calls)
 
 
 def test_bench_tensor_workload_with_bare_baseline_and_ceiling(

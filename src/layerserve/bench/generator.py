@@ -7,6 +7,7 @@ import http.client
 import json
 import math
 import re
+import socket
 import time
 import urllib.request
 from collections import Counter
@@ -270,7 +271,8 @@ def run_paired_step(
     served step, the bare step (if any), and the ratios, each the median over the rounds of side-by-side slices (a
     shared machine's speed drifts within seconds: a ratio of slices next to each other in time drifts far less than
     one of two steps apart): `vs_bare` (req/s), `vs_in_process` (samples/s over the in-process ceiling's), and at
-    concurrency 1 `p50_over_in_process_ms` (served p50 minus the in-process p50 of a batch of one)."""
+    concurrency 1 `p50_over_in_process_ms` (served p50 minus the in-process p50 of a batch of one, over HTTP from
+    requests and calls taking turns one by one: `_taking_turns`)."""
     rounds = references.rounds
     part = seconds / rounds
     served, baseline = [], []
@@ -285,13 +287,52 @@ def run_paired_step(
         if references.model is not None:
             ceiling, _ = references.model.run(references.best_batch, part)
             ratios["vs_in_process"].append(rate * workload.rows / ceiling)
-            answered = [latency for latency, status in served[-1].samples if status == 200]
-            if concurrency == 1 and answered:
-                _, calls = references.model.run(1, part)
-                ratios["p50_over_in_process_ms"].append((float(np.median(answered)) - float(np.median(calls))) * 1000)
+            if concurrency == 1:
+                if workload.grpc_port:  # no blocking gRPC client here: the slice's answers, then calls
+                    answered = [latency for latency, status in served[-1].samples if status == 200]
+                    calls = references.model.run(1, part)[1]
+                else:
+                    answered, calls = _taking_turns(url, workload, references.model, part)
+                if answered:
+                    ratios["p50_over_in_process_ms"].append((np.median(answered) - np.median(calls)) * 1000)
     bare_step = _step(concurrency, references.bare[1].rows, baseline) if references.bare is not None else None
     medians = {name: float(np.median(values)) for name, values in ratios.items() if values}
     return _step(concurrency, workload.rows, served), bare_step, medians
+
+
+def _taking_turns(
+    url: str, workload: Workload, model: InProcessModel, seconds: float
+) -> tuple[list[float], list[float]]:
+    """At concurrency 1, one request to the server, then one in-process call of a batch of one, in turns for
+    `seconds`: the seconds of each request answered 200 and of each call. Request by request, a shared machine's
+    drift (the in-process p50 moved by half from one slice of seconds to the next here) falls on both alike."""
+    address = urlsplit(url)
+    host, port = address.hostname or "127.0.0.1", address.port or 80
+    request = workload.raw_request(f"{host}:{port}")
+    answered, calls = [], []
+    with socket.create_connection((host, port), timeout=60) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = sock.makefile("rb")
+        stop_at = time.perf_counter() + seconds
+        while time.perf_counter() < stop_at:
+            started = time.perf_counter()
+            sock.sendall(request)
+            if _read_response_blocking(reader) == 200:
+                answered.append(time.perf_counter() - started)
+            calls.append(model.call(1))
+    return answered, calls
+
+
+def _read_response_blocking(reader: Any) -> int:
+    """Read one HTTP/1.1 answer framed by its Content-Length; its status."""
+    status = int(reader.readline()[9:12])
+    length = 0
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    reader.read(length)
+    return status
 
 
 class InProcessModel:
@@ -315,6 +356,7 @@ class InProcessModel:
         self._exporter, self._preparer = ThreadPoolExecutor(1), Preparer()
         self._decoders = ThreadPoolExecutor()
         self._workload = workload
+        self._batches: dict[int, list[Any]] = {}  # probe batches by size
         version.load(settings, self._exporter, self._preparer, self._processes)
         if version.engine is None:
             self.close()
@@ -322,23 +364,27 @@ class InProcessModel:
 
     def run(self, size: int, seconds: float) -> tuple[float, list[float]]:
         """Batches of `size` for `seconds` (images: decode included): samples/s, and each call's seconds."""
+        calls, started = [], time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            calls.append(self.call(size))
+        return len(calls) * size / (time.perf_counter() - started), calls
+
+    def call(self, size: int) -> float:
+        """One batch of `size` (images: decoded first; texts: tokenized first); its seconds."""
         from layerserve.features.images import load_one
 
         version, workload = self._version, self._workload
         engine, image = version.engine, version.image
         assert engine is not None
-        batch = probe_batch(version.signature.inputs, size)
-        calls, started = [], time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            call_started = time.perf_counter()
-            if workload.kind == "text" and version.tokenizer is not None:
-                batch = [version.tokenizer.encode(json.loads(workload.body)["texts"][:1] * size)]
-            elif workload.kind == "image" and image is not None:
-                decoded = self._decoders.map(lambda raw: load_one(raw, image, 10**9), [workload.body] * size)
-                batch = [np.stack(list(decoded))]
-            engine.run(batch)
-            calls.append(time.perf_counter() - call_started)
-        return len(calls) * size / (time.perf_counter() - started), calls
+        batch = self._batches.get(size) or self._batches.setdefault(size, probe_batch(version.signature.inputs, size))
+        started = time.perf_counter()
+        if workload.kind == "text" and version.tokenizer is not None:
+            batch = [version.tokenizer.encode(json.loads(workload.body)["texts"][:1] * size)]
+        elif workload.kind == "image" and image is not None:
+            decoded = self._decoders.map(lambda raw: load_one(raw, image, 10**9), [workload.body] * size)
+            batch = [np.stack(list(decoded))]
+        engine.run(batch)
+        return time.perf_counter() - started
 
     def close(self) -> None:
         """Free the model and its engine process."""
