@@ -187,6 +187,21 @@ def test_a_body_read_in_one_piece_reaches_the_route_as_that_piece(
     assert len(bodies) == 1 and bodies[0] is pieces[0]  # not copied on its way (uvicorn copies it twice)
 
 
+def test_a_request_answered_before_its_whole_body_came_leaves_the_connection_usable(server: LiveServer) -> None:
+    body = b"x" * (600 << 10)  # read whole on the lane; the route refuses the unknown model before reading it
+    host, port = server.host_port.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        request = _request("POST", "/v2/models/nope/classify", body, {"Content-Type": "image/png"})
+        sock.sendall(request[: len(request) - len(body) // 2])
+        ((status, answer),) = _read_answers(sock, 1)
+        assert status == 404 and b"unknown model 'nope'" in answer
+        sock.sendall(
+            request[len(request) - len(body) // 2 :] + _request("POST", "/v2/models/mlp/infer", _infer_json(2))
+        )
+        ((status, answer),) = _read_answers(sock, 1)
+    assert status == 200 and orjson.loads(answer)["outputs"][0]["shape"][0] == 2  # the next request: answered
+
+
 def test_a_large_body_of_announced_length_reaches_the_route_whole_and_is_answered_as_keras(
     server: LiveServer, repository: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -114,7 +114,8 @@ class HttpProtocol(HttpToolsProtocol):
         call = self._lane_call
         if call is not None and call.parts and call.cycle is self.cycle:
             parts, call.parts = call.parts, []
-            self.cycle.body = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[assignment]
+            if not self.cycle.response_complete:  # else answered already (refused before its body was read)
+                self.cycle.body = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[assignment]
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
