@@ -8,6 +8,7 @@ killed replica opens it again), shutdown leaves no Ray process behind."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -177,24 +178,27 @@ def _replicas() -> list[tuple[int, str]]:
     return [(a.pid, a.node_id) for a in actors if a.class_name == name]
 
 
-def _under_load(urls: list[str], fault: Callable[[], None]) -> list[tuple[list[int], list[str]]]:
-    """Statuses and client errors of 4 closed-loop clients per URL over 8 s, `fault` done 2 s in."""
+def _under_load(urls: list[str], fault: Callable[[], None]) -> list[tuple[list[int], list[tuple[float, str]]]]:
+    """Statuses and client errors (seconds after the fault, error) of 4 closed-loop clients per URL over 8 s,
+    `fault` done 2 s in."""
     x = np.ones((1, 10), np.float32)
     body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": x.ravel().tolist()}]}
-    results: list[tuple[list[int], list[str]]] = [([], []) for _ in urls]
+    results: list[tuple[list[int], list[tuple[float, str]]]] = [([], []) for _ in urls]
     stop = threading.Event()
+    faulted_at = [math.inf]
 
-    def load(url: str, statuses: list[int], errors: list[str]) -> None:
+    def load(url: str, statuses: list[int], errors: list[tuple[float, str]]) -> None:
         with httpx.Client(base_url=url, timeout=60) as client:
             while not stop.is_set():
                 try:
                     statuses.append(client.post("/v2/models/mlp/infer", json=body).status_code)
                 except httpx.HTTPError as error:
-                    errors.append(repr(error))
+                    errors.append((time.monotonic() - faulted_at[0], repr(error)))
 
     with ThreadPoolExecutor(4 * len(urls)) as pool:
         clients = [pool.submit(load, url, *result) for url, result in zip(urls, results, strict=True) for _ in range(4)]
         time.sleep(2)
+        faulted_at[0] = time.monotonic()
         fault()
         time.sleep(6)
         stop.set()
@@ -245,14 +249,24 @@ def _wait_back(url: str, gone: Callable[[list[tuple[int, str]]], bool]) -> list[
     return replicas
 
 
+_VICTIM_EXIT_S = 2.0  # a killed replica's exit on a busy 2-core machine, its listening socket closed at its end
+
+
 def test_a_replica_killed_under_load_fails_no_request(cluster_url: str) -> None:
-    """Through Ray's proxy, none; on the direct port, only requests in flight on the victim's connections (one per
-    client at most: its next request takes a new connection, to the replica left)."""
+    """Through Ray's proxy, none; on the direct port, only connections to the victim, lost while it dies: the
+    requests in flight on them, and a new connection the kernel hands to its listening socket until its exit closes
+    it (its memory is freed first); after that, every request reaches the replica left."""
     ((victim, _), *_) = _replicas()
     proxied, direct = _under_load([cluster_url, DOORS[cluster_url]], lambda: os.kill(victim, signal.SIGKILL))
-    for statuses, errors, lost in (*proxied, 0), (*direct, 4):
+    for statuses, _ in (proxied, direct):
         failed = [status for status in statuses if status != 200]
-        assert len(statuses) > 50 and not failed and len(errors) <= lost, (len(statuses), failed[:5], errors[:5])
+        assert len(statuses) > 50 and not failed, (len(statuses), failed[:5])
+    assert not proxied[1], proxied[1][:5]
+    lost = ("ReadError", "RemoteProtocolError")  # reset, or closed before an answer
+    late = [
+        (after, error) for after, error in direct[1] if not (0 <= after <= _VICTIM_EXIT_S and error.startswith(lost))
+    ]
+    assert not late, (late[:5], len(direct[1]))
     replicas = _wait_back(cluster_url, lambda replicas: victim in {pid for pid, _ in replicas})
     assert len(_door_reaches(DOORS[cluster_url], 2)) == 2, replicas  # the new replica opened the door again
 
