@@ -132,11 +132,15 @@ def grpc_workload(options: BenchOptions, http: Workload) -> Workload:
     return Workload(http.kind, MODEL_INFER, request, {}, http.rows, options.grpc_port)
 
 
-async def _read_response(reader: asyncio.StreamReader) -> int:
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
+def _status_and_length(head: bytes) -> tuple[int, int]:
+    """An HTTP/1.1 answer's status and Content-Length (0 if none) from its head."""
     match = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
-    await reader.readexactly(int(match.group(1)) if match else 0)
+    return int(head[9:12]), int(match.group(1)) if match else 0
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    status, length = _status_and_length(await reader.readuntil(b"\r\n\r\n"))
+    await reader.readexactly(length)
     return status
 
 
@@ -324,13 +328,11 @@ def _taking_turns(
 
 
 def _read_response_blocking(reader: Any) -> int:
-    """Read one HTTP/1.1 answer framed by its Content-Length; its status."""
-    status = int(reader.readline()[9:12])
-    length = 0
+    """`_read_response` from a blocking file: read one answer framed by its Content-Length; its status."""
+    head = b""
     while (line := reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
+        head += line
+    status, length = _status_and_length(head + b"\r\n")
     reader.read(length)
     return status
 

