@@ -76,6 +76,28 @@ async def test_requests_queued_while_busy_form_the_next_batch() -> None:
         check(result, arrays)
 
 
+async def test_an_inline_batch_waits_one_turn_for_requests_read_by_the_next_poll() -> None:
+    # A's task queues on turn 1; B's is created on turn 1 (as data_received creates a request's task when the
+    # loop's poll reads its bytes) and queues on turn 2; C's a turn later still.
+    model = GatedModel()
+    merger = Batcher(model, ThreadPoolExecutor(1), 8, 0.0, QueueBudget(100), ("m", "1"), is_inline=True)
+    loop = asyncio.get_running_loop()
+    sent = [rows(0, 1), rows(3, 1), rows(6, 1)]
+    tasks: list[asyncio.Future[list[Array]]] = []
+
+    def submit(arrays: list[Array]) -> None:
+        tasks.append(asyncio.ensure_future(merger.submit(arrays, None)))
+
+    submit(sent[0])
+    loop.call_soon(submit, sent[1])
+    loop.call_soon(loop.call_soon, submit, sent[2])
+    await asyncio.sleep(0.01)
+    results = await asyncio.gather(*tasks)
+    assert model.calls == [2, 1]  # B joined A's batch; the batch waited one turn, not two
+    for result, arrays in zip(results, sent, strict=True):
+        check(result, arrays)
+
+
 async def test_full_batch_goes_at_once_and_delay_merges_stragglers() -> None:
     model = GatedModel()
     merger = batcher(model, max_batch=4, delay_s=30.0)

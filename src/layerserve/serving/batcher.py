@@ -45,8 +45,8 @@ class Batcher:
     oldest request has waited `max_delay_s` (0: at once). A request larger than `max_batch_size`
     runs alone. Every caller gets exactly its own rows back, or the error its own rows cause. With
     `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
-    thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on the loop's next
-    turn (see `_flush_inline`), not a task. With `run_async`, batches are sent from the event loop instead of the
+    thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on a later turn of
+    the loop (see `_flush_inline`), not a task. With `run_async`, batches are sent from the event loop instead of the
     model thread (an engine process's session: the answer wakes the loop directly).
     """
 
@@ -81,6 +81,7 @@ class Batcher:
         self._full = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._flush_scheduled = False
+        self._waited_a_turn = False  # (inline) the scheduled flush has waited its one turn (see _flush_inline)
 
     @property
     def is_idle(self) -> bool:
@@ -102,7 +103,7 @@ class Batcher:
         self._budget.queued += 1
         self._rows += pending.rows
         if self._is_inline and not self._max_delay_s:
-            # Computed on the loop's next turn, with whatever else was queued by then: a callback, not a task.
+            # Computed on a later turn of the loop, with whatever else was queued by then: a callback, not a task.
             # No deadline timer either: nothing makes the request wait longer than the batches queued before it.
             if not self._flush_scheduled:
                 self._flush_scheduled = True
@@ -122,8 +123,17 @@ class Batcher:
             timer.cancel()
 
     def _flush_inline(self) -> None:
-        """(inline, no delay) Compute one batch of what is queued; another turn for the rest."""
-        self._flush_scheduled = False
+        """(inline, no delay) Compute one batch of what is queued; another turn for the rest.
+
+        A batch that is not full waits one more turn of the loop first: the requests whose bytes its next poll of
+        the sockets reads join it. Under load, requests come back from clients a few at a time, and without that
+        turn each few made its own model call.
+        """
+        if not self._waited_a_turn and self._rows < self._max_batch_size:
+            self._waited_a_turn = True
+            asyncio.get_running_loop().call_soon(self._flush_inline)
+            return
+        self._waited_a_turn = self._flush_scheduled = False
         batch = self._take()
         if batch:
             started = self._observe_start(batch)
