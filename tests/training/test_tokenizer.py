@@ -37,8 +37,14 @@ def test_tokenizer_splits_ngrams_and_round_trips(tmp_path: Path) -> None:
     ]
     chars = Tokenizer("character", ngrams=2, max_tokens=10, sequence_length=4).fit(["好书", "好好"])
     assert chars.tokens("好 书") == ["好", "书", "好书"]
-    ids = chars.encode(["好书", "坏"])
-    assert ids.dtype == np.int32 and ids.shape == (2, 4) and ids[1].tolist() == [1, 0, 0, 0]  # unknown, padding
+    ids = chars.encode(["好书", "坏", "书好 书好"])
+    assert ids.dtype == np.int32 and ids.shape == (3, 4) and ids[1].tolist() == [1, 0, 0, 0]  # unknown, padding
+    good, book = chars.encode(["好"])[0][0], chars.encode(["书"])[0][0]
+    assert ids[2].tolist() == [book, good, book, good]  # cut to sequence_length (the n-grams come after)
+    # Every kind of space is left out (ideographic, tab, newline); n-grams span where a space was.
+    assert Tokenizer("character", ngrams=3).tokens("好\u3000书\t很\n好") == [
+        "好", "书", "很", "好", "好书", "书很", "很好", "好书很", "书很好",
+    ]  # fmt: skip
     chars.save(tmp_path)
     assert Tokenizer.load(tmp_path) == chars
 

@@ -6,6 +6,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Literal
 
@@ -34,11 +35,16 @@ class Tokenizer:
 
     def tokens(self, text: str) -> list[str]:
         """The tokens of one text, n-grams included."""
-        units = [c for c in text if not c.isspace()] if self.split == "character" else _WORD.findall(text.lower())
-        joiner = "" if self.split == "character" else " "
+        if self.split == "character":  # n-grams are slices of the text without its spaces (str.split's, isspace's)
+            joined = "".join(text.split())
+            grams = list(joined)
+            for n in range(2, self.ngrams + 1):
+                grams += [joined[i : i + n] for i in range(len(joined) - n + 1)]
+            return grams
+        units = _WORD.findall(text.lower())
         grams = list(units)
         for n in range(2, self.ngrams + 1):
-            grams += [joiner.join(units[i : i + n]) for i in range(len(units) - n + 1)]
+            grams += [" ".join(units[i : i + n]) for i in range(len(units) - n + 1)]
         return grams
 
     def fit(self, texts: list[str]) -> Tokenizer:
@@ -57,10 +63,10 @@ class Tokenizer:
         """int32 ids, shape (len(texts), sequence_length), 0-padded at the end."""
         if not self._index and self.vocabulary:  # built once: the vocabulary is large
             self._index = {token: i + 2 for i, token in enumerate(self.vocabulary)}
-        index = self._index
-        ids = np.zeros((len(texts), self.sequence_length), np.int32)
+        find, length = self._index.get, self.sequence_length
+        ids = np.zeros((len(texts), length), np.int32)
         for row, text in enumerate(texts):
-            encoded = [index.get(token, UNKNOWN) for token in self.tokens(text)][: self.sequence_length]
+            encoded = list(map(find, self.tokens(text)[:length], repeat(UNKNOWN)))
             ids[row, : len(encoded)] = encoded
         return ids
 
