@@ -6,8 +6,11 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
+import weakref
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -52,7 +55,10 @@ QUEUED = Gauge(
     "layerserve_queued_requests", "Requests waiting in a version's batcher queues (sampled every second).", _LABELS,
     multiprocess_mode="livesum",
 )  # fmt: skip
-IN_FLIGHT = Gauge("layerserve_requests_in_flight", "Requests being answered now.", multiprocess_mode="livesum")
+IN_FLIGHT = Gauge(
+    "layerserve_requests_in_flight", "Requests being answered now (sampled when read, and every second).",
+    multiprocess_mode="livesum",
+)  # fmt: skip
 MODEL_LOAD_SECONDS = Gauge(
     "layerserve_model_load_seconds", "Seconds the last load of a version took.", _LABELS, multiprocess_mode="max"
 )
@@ -84,6 +90,17 @@ GPU_MEMORY_TOTAL_BYTES = Gauge(
 
 # The model and version a request was answered by, for the request metrics and the access log.
 SERVED_BY: ContextVar[tuple[str, int] | None] = ContextVar("served_by", default=None)
+
+
+# What IN_FLIGHT sums: objects whose `in_flight` int counts their requests being answered (each door's recorder).
+_IN_FLIGHT_COUNTERS: weakref.WeakSet[Any] = weakref.WeakSet()
+_IN_FLIGHT_LOCK = threading.Lock()  # counters come and go with runtimes (several in one process in tests)
+
+
+def count_in_flight(counter: Any) -> None:
+    """Sum `counter.in_flight` (an int updated by its own event loop alone) into IN_FLIGHT at each sample."""
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT_COUNTERS.add(counter)
 
 
 def set_model_state(name: str, version: int, state: str) -> None:
@@ -138,8 +155,11 @@ def set_version_memory(name: str, version: int, memory: dict[str, int]) -> None:
 
 def sample_process(engine_usage: tuple[float, int] = (0.0, 0), with_gpu: bool = True) -> None:
     """Refresh the process (and GPU) gauges, counting the engine processes' `(CPU seconds, resident bytes)` as
-    this process's; each worker does, so that /metrics can sum them."""
+    this process's, and the requests in flight; each worker does, so that /metrics can sum them."""
     import resource
+
+    with _IN_FLIGHT_LOCK:
+        IN_FLIGHT.set(sum(counter.in_flight for counter in _IN_FLIGHT_COUNTERS))
 
     engine_cpu_seconds, engine_resident = engine_usage
     usage = resource.getrusage(resource.RUSAGE_SELF)

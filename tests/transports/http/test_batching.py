@@ -78,6 +78,11 @@ class GatedEngine:
         result: list[Any] = self._engine.run(inputs)
         return result
 
+    def resident(self) -> tuple[int, int]:
+        """The wrapped engine's (for the version's memory in /metrics)."""
+        resident: tuple[int, int] = self._engine.resident()
+        return resident
+
 
 @pytest.fixture
 def gated(repository: Path, tmp_path: Path) -> Iterator[tuple[LiveServer, GatedEngine]]:
@@ -96,6 +101,12 @@ def gated(repository: Path, tmp_path: Path) -> Iterator[tuple[LiveServer, GatedE
     live.stop()
 
 
+def _in_flight(http: httpx.Client) -> float:
+    found = re.search(r"^layerserve_requests_in_flight (\S+)$", http.get("/metrics").text, re.M)
+    assert found, "no layerserve_requests_in_flight"
+    return float(found[1])
+
+
 def test_queue_full_is_503_and_deadline_is_504(gated: tuple[LiveServer, GatedEngine]) -> None:
     live, engine = gated
     x = np.ones((1, 10), np.float32)
@@ -112,8 +123,10 @@ def test_queue_full_is_503_and_deadline_is_504(gated: tuple[LiveServer, GatedEng
         full = http.post(url, content=_body(x))
         assert full.status_code == 503 and full.headers["Retry-After"] == "1"
         assert "queue of model mlp is full (2 requests)" in full.json()["error"]
+        assert _in_flight(http) == 4  # the three held, and this very request
         engine.gate.set()
         assert [f.result().status_code for f in (running, *queued)] == [200, 200, 200]
+        assert _in_flight(http) == 1
 
         engine.gate.clear()
         engine.entered.clear()

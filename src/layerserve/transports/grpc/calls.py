@@ -13,7 +13,6 @@ from typing import Any, TypeAlias, TypeVar
 import grpc
 
 from layerserve.errors import LayerserveError, PermissionDeniedError, UnauthenticatedError
-from layerserve.metrics import IN_FLIGHT, SERVED_BY
 from layerserve.transports.http.middleware import log_internal_error
 from layerserve.transports.request_record import RequestRecorder
 
@@ -119,8 +118,7 @@ class CallGuard:
         """Run one call (or stream message), counted and logged (the call leases the versions it uses); returns
         its answer, or None with the status code and message of our error (or of a bug)."""
         started, code, message = time.perf_counter(), grpc.StatusCode.OK, ""
-        SERVED_BY.set(None)
-        IN_FLIGHT.inc()
+        self._recorder.start()
         try:
             return await call(), code, message
         except LayerserveError as error:
@@ -132,7 +130,6 @@ class CallGuard:
             where = {"method": "GRPC", "path": f"{SERVICE_PATH}/{method}"}
             code, message = grpc.StatusCode.INTERNAL, log_internal_error(where, error)
         finally:
-            IN_FLIGHT.dec()
             self.record(method, code, time.perf_counter() - started)
         return None, code, message
 

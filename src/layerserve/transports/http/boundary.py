@@ -14,7 +14,6 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from layerserve.metrics import IN_FLIGHT, SERVED_BY
 from layerserve.transports.http.middleware import log_internal_error, refuse
 from layerserve.transports.request_record import RequestRecorder
 
@@ -131,8 +130,7 @@ class RequestBoundary:
             return
         started = time.perf_counter()
         exchange = _Exchange(receive, send, self._waiting)
-        SERVED_BY.set(None)
-        IN_FLIGHT.inc()
+        self._recorder.start()
         try:
             await self.app(scope, exchange.receive, exchange.send)
         except asyncio.CancelledError:
@@ -146,7 +144,6 @@ class RequestBoundary:
                 exchange.status = 500
                 await refuse(send, 500, message)
         finally:
-            IN_FLIGHT.dec()
             route, seconds = route_name(scope.get("endpoint")), time.perf_counter() - started
             # Recorded before the last await: a cancellation arriving there (the server's, once the answer is out)
             # would otherwise lose an answered request from the counts.

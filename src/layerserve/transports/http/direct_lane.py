@@ -22,7 +22,6 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
-from layerserve.metrics import IN_FLIGHT, SERVED_BY
 from layerserve.settings import Settings
 from layerserve.transports.http.boundary import CLIENT_CLOSED, route_name
 from layerserve.transports.http.middleware import (
@@ -94,8 +93,7 @@ class DirectLane:
         cycle = call.cycle
         scope: Any = cycle.scope
         started, status = time.perf_counter(), 500
-        SERVED_BY.set(None)
-        IN_FLIGHT.inc()
+        self._recorder.start()
         try:
             refused = None if self._tokens is None else self._tokens.refusal(scope)
             if refused is not None:
@@ -119,7 +117,6 @@ class DirectLane:
                 status = 500
                 await write_answer(cycle, 500, *refusal(500, message), self._headers)
         finally:
-            IN_FLIGHT.dec()
             seconds = time.perf_counter() - started
             route = self._routes.get(endpoint) or self._routes.setdefault(endpoint, route_name(endpoint))
             self._recorder.record(scope["method"], scope["path"], route, status, seconds)
