@@ -15,8 +15,8 @@ class RequestRecorder:
     access log line (when `log_requests`); the model and version are those the request was served by (SERVED_BY).
 
     Between `start` and `record` a request is in flight: counted in a plain int of its door (one event loop's), which
-    `sample_process` sums into `layerserve_requests_in_flight` when the metrics are read and every second (two locked
-    updates of the gauge at every request were 2% of a small model's request).
+    `sample_process` sums into `layerserve_requests_in_flight` when the metrics are read and every second, instead
+    of two locked gauge updates per request (docs/design.md).
     """
 
     def __init__(self, log_requests: bool) -> None:
