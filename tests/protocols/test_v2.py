@@ -171,7 +171,7 @@ def test_another_owner_a_short_body_an_id_or_json_data_are_parsed_in_full() -> N
     templates.parse(with_id, id_length, owner, "m", 1, check)
     templates.parse(with_id, id_length, owner, "m", 1, check)
     json_data = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
-    for value in (1, 2):  # the header is the whole body: never a template, each request its own data
+    for value in (1, 2):  # a header that is the whole body: never a binary template, each request its own data
         body = json_data.replace(b"[1,2,3,4]", f"[{value},2,3,4]".encode())
         assert templates.parse(body, str(len(body)), owner, "m", 1, check).inputs["x"][0, 0] == value
     assert check.calls == 2 + 1 + 2 + 2
@@ -192,3 +192,78 @@ def test_templates_are_bounded_and_die_with_their_owner() -> None:
     assert alive() is None
     templates.parse(*bodies[2], _Owner(), "m", 1, check)
     assert check.calls == 5
+
+
+def _json_request(data: object, datatype: str = "INT32", shape: list[int] | None = None, **extra: object) -> bytes:
+    """A V2 JSON request as tritonclient writes it (json.dumps: a space after each comma and colon)."""
+    import json
+
+    tensor = {"name": "x", "shape": shape or [1, 4], "datatype": datatype, "data": data}
+    return json.dumps(
+        {"inputs": [tensor], "outputs": [{"name": "y"}], "parameters": {"timeout_ms": 50}, **extra}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("datatype", "rows"),
+    [("INT32", [[3, -7, 0, 2**31 - 1], [5, 6, 7, 8]]), ("UINT64", [[0, 2**64 - 1, 1, 2], [4, 3, 2, 1]]),
+     ("FP32", [[1.5, -2e-3, 7, 1E+2], [0.1, 0.2, -0.0, 3]]), ("FP16", [[1, 2.5, 3, 4], [5, 6, 7, 8.25]])],
+)  # fmt: skip
+def test_a_json_request_seen_before_reads_only_its_data_and_gives_the_same_request(
+    datatype: str, rows: list[list[float]]
+) -> None:
+    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+    for values in rows:
+        body = _json_request(values, datatype)
+        parsed = templates.parse(body, None, owner, "m", 2, check)
+        reference = parse_infer_request(body, None, "m", 2)
+        np.testing.assert_array_equal(parsed.inputs["x"], reference.inputs["x"])
+        assert parsed.inputs["x"].dtype == reference.inputs["x"].dtype and parsed.inputs["x"].shape == (1, 4)
+        assert (parsed.model, parsed.version, parsed.requested, parsed.timeout_ms, parsed.id) == (
+            "m", 2, reference.requested, 50, None
+        )  # fmt: skip
+    assert check.calls == 1  # the second request was read from the first's template
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [("[1.5, 2, 3, 4]", "expected integers for INT32, got floating-point numbers"),
+     ("[1, 2, 3, 2147483648]", "values out of range for INT32"),
+     ("[1, 2, 3]", r"shape \[1, 4\] needs 4 elements, data has 3"),
+     ('[1, 2, 3, "4"]', "expected integers for INT32, got strings"),
+     ("[1, 2, 3, 4,]", "not valid JSON"),
+     ("[1, 2, 3, -]", "not valid JSON"),
+     ("[1e2, 2, 3, 4]", "expected integers for INT32, got floating-point numbers")],
+)  # fmt: skip
+def test_json_data_a_template_cannot_read_gets_the_full_parse_and_its_error(data: str, error: str) -> None:
+    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+    templates.parse(_json_request([1, 2, 3, 4]), None, owner, "m", 1, check)
+    with pytest.raises(BadRequestError, match=error):
+        templates.parse(_json_request([9, 9, 9, 9]).replace(b"[9, 9, 9, 9]", data.encode()), None, owner)
+    calls = check.calls
+    again = templates.parse(_json_request([4, 3, 2, 1]), None, owner, "m", 1, check)
+    assert again.inputs["x"].tolist() == [[4, 3, 2, 1]]
+    assert check.calls == calls  # the template is still kept: a good request after the bad one reads it
+
+
+def test_json_requests_that_cannot_be_templates_are_parsed_in_full() -> None:
+    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+    nested = _json_request([[1, 2], [3, 4]], shape=[2, 2])
+    with_id = _json_request([1, 2, 3, 4], id="r1")
+    two_inputs = orjson.dumps({"inputs": [{"name": n, "shape": [1], "datatype": "INT32", "data": [1]} for n in "ab"]})
+    texts = _json_request(["a", "b", "c", "d"], "BYTES")
+    # The key is written with an escape; the word "data" before a flat list is an output parameter's.
+    lookalike = (
+        b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"INT32","\\u0064ata":[1,2,3,4]}],'
+        b'"outputs":[{"name":"y","parameters":{"data":[7,8,9,10]}}]}'
+    )
+    for body in (nested, with_id, two_inputs, texts, lookalike):
+        for _ in range(2):
+            templates.parse(body, None, owner, "m", 1, check)
+    assert check.calls == 2 * (1 + 1 + 2 + 1 + 1)
+    changed = lookalike.replace(b"[1,2,3,4]", b"[5,6,7,8]")
+    assert templates.parse(changed, None, owner, "m", 1, check).inputs["x"].tolist() == [[5, 6, 7, 8]]
+    assert templates.parse(nested, None, owner, "m", 1, check).inputs["x"].tolist() == [[1, 2], [3, 4]]
+    templates.parse(_json_request([1, 2, 3, 4]), None, _Owner(), "m", 1, check)
+    templates.parse(_json_request([1, 2, 3, 4]), None, _Owner(), "m", 1, check)  # each version: its own checks
+    assert check.calls == 12 + 2 + 2

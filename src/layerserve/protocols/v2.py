@@ -290,6 +290,43 @@ class _Template:
             model, inputs, self.outputs, version, None, self.timeout_ms, self.use_cache, self.binary_output
         )
 
+    def apply_json(self, data: bytes, model: str, version: int | None) -> InferRequest | None:
+        """The request whose one input's JSON data is the list `data`, or None where `data` is not a flat list of
+        plain numbers that fits the input's dtype and shape (the full parse then says what is wrong)."""
+        ((name, dtype, shape, count, _),) = self.inputs
+        if data.translate(None, _INTEGER_TEXT if dtype.kind in "iu" else _NUMBER_TEXT):
+            return None  # anything but digits, signs, points and exponents: the full parse decides
+        try:
+            # An integer dtype refuses an out-of-range value (OverflowError); floats take array_from_json's way.
+            values = np.array(orjson.loads(data), dtype) if dtype.kind in "iu" else np.asarray(orjson.loads(data))
+        except (orjson.JSONDecodeError, OverflowError, ValueError, TypeError):
+            return None
+        if values.ndim != 1 or values.size != count or values.dtype.kind not in "iuf":
+            return None
+        inputs = {name: values.astype(dtype, copy=False).reshape(shape)}
+        return InferRequest(
+            model, inputs, self.outputs, version, None, self.timeout_ms, self.use_cache, self.binary_output
+        )
+
+
+_INTEGER_TEXT = b"[0123456789-, \t\r\n]"  # what a flat JSON list of integers is written with
+_NUMBER_TEXT = _INTEGER_TEXT + b".eE+"
+
+
+def _json_data_slot(body: bytes) -> tuple[bytes, int, int] | None:
+    """Where a JSON request's one flat `data` list lies (its `[` and `]`), and the body without the list's contents
+    (the key of its template); None for a body with no such single list."""
+    start = body.find(b'"data"')
+    if start < 0 or body.find(b'"data"', start + 6) >= 0:
+        return None  # no data, or "data" twice (two inputs, or the word elsewhere): parsed in full
+    opening = body.find(b"[", start + 6)
+    if opening < 0 or body[start + 6 : opening].strip() != b":":
+        return None
+    closing = body.find(b"]", opening)
+    if closing < 0 or body.find(b"[", opening + 1, closing) >= 0:
+        return None  # nested lists
+    return body[: opening + 1] + body[closing:], opening, closing
+
 
 class HeaderTemplates:
     """Parses V2 infer requests, skipping the JSON header's parse and checks for a header seen before.
@@ -298,13 +335,17 @@ class HeaderTemplates:
     only the binary data differs. A header whose inputs all come as binary numbers (no JSON data, no BYTES) and that
     has no `id` is kept as a template, with the version whose checks it passed (`owner`, weakly referenced); the
     next request with the same header bytes for the same owner takes its arrays straight from the binary data.
-    Anything else (a new header, another version, too little binary data) is parsed by `parse_infer_request`,
-    errors included. At most `size` headers are kept, the least recently used dropped first.
+    A JSON request (no binary data) whose one input's numbers come as one flat `data` list is kept the same way,
+    keyed by its body without the list's contents; the next one with that key reads only its list. Anything else
+    (a new header, another version, too little binary data, data that is not plain numbers of the right count) is
+    parsed by `parse_infer_request`, errors included. At most `size` headers of each kind are kept, the least
+    recently used dropped first.
     """
 
     def __init__(self, size: int = 256, max_header_bytes: int = 8192) -> None:
         self._max_header_bytes = max_header_bytes
         self._templates: TemplateCache[_Template] = TemplateCache(size)
+        self._json_templates: TemplateCache[_Template] = TemplateCache(size)
 
     def parse(
         self,
@@ -320,7 +361,9 @@ class HeaderTemplates:
         Raises:
             BadRequestError: as `parse_infer_request`.
         """
-        if header_length is None or not LITTLE_ENDIAN:
+        if header_length is None:
+            return self._parse_json(body, owner, model, version, check)
+        if not LITTLE_ENDIAN:
             return parse_infer_request(body, header_length, model, version, check)
         header, binary = split_body(body, header_length)
         found = self._templates.get(header)
@@ -331,6 +374,26 @@ class HeaderTemplates:
             template = _template(request, layout)
             if template is not None:
                 self._templates.put(header, owner, template)
+        return request
+
+    def _parse_json(
+        self, body: bytes, owner: object, model: str, version: int | None, check: CheckDeclared | None
+    ) -> InferRequest:
+        """`parse` of a JSON request (no binary data)."""
+        slot = _json_data_slot(body)
+        if slot is None:
+            return parse_infer_request(body, None, model, version, check)
+        key, opening, closing = slot
+        found = self._json_templates.get(key)
+        if found is not None and found[0] is owner:
+            request = found[1].apply_json(body[opening : closing + 1], model, version)
+            if request is not None:
+                return request
+        request, layout, has_id = _parse_infer_request(body, memoryview(b""), model, version, check)
+        if not has_id and len(key) <= self._max_header_bytes and len(layout) == 1 and layout[0][3]:
+            template = _json_template(request, body[opening : closing + 1])
+            if template is not None:
+                self._json_templates.put(key, owner, template)
         return request
 
 
@@ -346,6 +409,22 @@ def _template(request: InferRequest, layout: _Layout) -> _Template | None:
     return _Template(
         tuple(inputs), end, request.requested, request.timeout_ms, request.use_cache, request.binary_output
     )
+
+
+def _json_template(request: InferRequest, data: bytes) -> _Template | None:
+    """The template of a parsed JSON request with one input of numbers, if its data is the list `data` (the word
+    "data" found in the body might not be the input's key: JSON keys may be written with escapes), else None."""
+    ((name, array),) = request.inputs.items()
+    if array.dtype.kind not in "iuf":
+        return None
+    template = _Template(
+        ((name, array.dtype, tuple(array.shape), array.size, 0),), 0, request.requested, request.timeout_ms,
+        request.use_cache, request.binary_output,
+    )  # fmt: skip
+    again = template.apply_json(data, request.model, request.version)
+    if again is None or not np.array_equal(again.inputs[name], array, equal_nan=array.dtype.kind == "f"):
+        return None
+    return template
 
 
 def timeout_ms_parameter(parameters: dict[str, Any]) -> int | None:
