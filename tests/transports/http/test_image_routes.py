@@ -271,3 +271,7 @@ def test_bench_image_workload_with_ceiling(demo_server: LiveServer, demo_reposit
 def test_query_parameters_read_as_starlette_reads_them(query: bytes) -> None:
     scope = {"type": "http", "query_string": query, "headers": []}
     assert query_parameters(scope) == dict(Request(scope).query_params)
+    # Parsed once per query string: the next request with it shares the parse, which nobody can change.
+    assert query_parameters(scope) is query_parameters({**scope, "query_string": bytes(query)})
+    with pytest.raises(TypeError):
+        query_parameters(scope)["top_k"] = "9"  # type: ignore[index]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -25,12 +27,12 @@ from layerserve.transports.http.middleware import query_parameters
 from layerserve.transports.http.v2_routes import parse_version
 
 
-def _use_cache(query: dict[str, str]) -> bool:
+def _use_cache(query: Mapping[str, str]) -> bool:
     """Query `cache=false` bypasses the feature cache."""
     return query.get("cache") != "false"
 
 
-def _query_int(query: dict[str, str], name: str, default: int | None) -> int | None:
+def _query_int(query: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = query.get(name)
     if raw is None:
         return default

@@ -3,11 +3,14 @@ boundary.py for the outermost middleware)."""
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import re
 import secrets
 import zlib
+from collections.abc import Mapping
+from types import MappingProxyType
 from urllib.parse import parse_qsl
 
 import orjson
@@ -53,11 +56,19 @@ def header_value(scope: Scope, wanted: bytes) -> bytes | None:
     return None
 
 
-def query_parameters(scope: Scope) -> dict[str, str]:
+def query_parameters(scope: Scope) -> Mapping[str, str]:
     """The query string's parameters, a repeated name's last value winning as in Starlette's `query_params` (a
-    third of its cost: no multi-dict)."""
+    third of its cost: no multi-dict); read-only, as the same query string's are shared."""
     raw = scope.get("query_string", b"")
-    return dict(parse_qsl(raw.decode("latin-1"), keep_blank_values=True)) if raw else {}
+    return _parsed_query(raw) if raw else _NO_PARAMETERS
+
+
+_NO_PARAMETERS: Mapping[str, str] = MappingProxyType({})
+
+
+@functools.lru_cache(maxsize=256)  # clients send the same few query strings (`?cache=false`) again and again
+def _parsed_query(raw: bytes) -> Mapping[str, str]:
+    return MappingProxyType(dict(parse_qsl(raw.decode("latin-1"), keep_blank_values=True)))
 
 
 def _bearer(scope: Scope) -> bytes | None:
