@@ -46,11 +46,18 @@ def test_array_from_json_nested_and_flat() -> None:
         (["a"], np.int32, "expected integers for INT32, got strings"),
         ([1, None], np.int32, "expected integers for INT32, got mixed values \\(integer, null\\)"),
         ([{"a": 1}], np.float32, "expected numbers for FP32, got object values"),
+        ([1, True], np.int32, "expected integers for INT32, got true/false among them"),
+        ([[0.5, 1.5], [False, 2.0]], np.float32, "expected numbers for FP32, got true/false among them"),
     ],
 )
 def test_array_from_json_rejects(data: object, dtype: type, message: str) -> None:
     with pytest.raises(BadRequestError, match=message):
         array_from_json(data, np.dtype(dtype), "input 'x'")
+
+
+def test_numbers_from_text_without_true_or_false_are_not_searched_for_them() -> None:
+    # The V2 parser says when the JSON text had neither word: numpy's reading is then taken as it is.
+    assert array_from_json([1, True], np.dtype(np.int32), "x", may_hold_bools=False).tolist() == [1, 1]
 
 
 def test_shapes() -> None:

@@ -127,8 +127,9 @@ def check_batch_sizes(arrays: dict[str, Array]) -> int:
     return next(iter(sizes.values()), 0)
 
 
-def array_from_json(data: Any, dtype: np.dtype[Any], what: str) -> Array:
-    """Turn JSON data (nested or flat lists, or a scalar) into a flat array of `dtype`.
+def array_from_json(data: Any, dtype: np.dtype[Any], what: str, may_hold_bools: bool = True) -> Array:
+    """Turn JSON data (nested or flat lists, or a scalar) into a flat array of `dtype`. `may_hold_bools=False` says
+    the JSON text had no `true` or `false`, so that numbers need no search for them.
 
     Raises:
         BadRequestError: ragged lists, or values that do not fit the datatype.
@@ -145,6 +146,10 @@ def array_from_json(data: Any, dtype: np.dtype[Any], what: str) -> Array:
         return values.astype(dtype)
     if dtype.kind == "b" and kind != "b":
         raise BadRequestError(f"{what}: expected true/false values for BOOL, got {_given(values)}")
+    if dtype.kind != "b" and kind in "iuf" and may_hold_bools and _holds_bools(data):
+        # numpy reads true as 1 beside numbers: refused, as Triton and TF Serving refuse it
+        expected = "integers" if dtype.kind in "iu" else "numbers"
+        raise BadRequestError(f"{what}: expected {expected} for {datatype_of(dtype)}, got true/false among them")
     if dtype.kind in "iu" and kind not in "iu":
         return _big_integers(data, dtype, _given(values), what)
     if dtype.kind == "f" and kind not in "fiu":
@@ -154,6 +159,18 @@ def array_from_json(data: Any, dtype: np.dtype[Any], what: str) -> Array:
         if values.min() < low or values.max() > high:
             raise BadRequestError(f"{what}: values out of range for {datatype_of(dtype)}")
     return values.astype(dtype)
+
+
+def _holds_bools(data: Any) -> bool:
+    """Whether nested lists hold a true or false anywhere."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if type(item) is list:
+            stack.extend(item)
+        elif type(item) is bool:
+            return True
+    return False
 
 
 @functools.cache

@@ -231,6 +231,7 @@ def test_a_json_request_seen_before_reads_only_its_data_and_gives_the_same_reque
      ("[1, 2, 3, 2147483648]", "values out of range for INT32"),
      ("[1, 2, 3]", r"shape \[1, 4\] needs 4 elements, data has 3"),
      ('[1, 2, 3, "4"]', "expected integers for INT32, got strings"),
+     ("[1, 2, 3, true]", "expected integers for INT32, got true/false among them"),
      ("[1, 2, 3, 4,]", "not valid JSON"),
      ("[1, 2, 3, -]", "not valid JSON"),
      ("[1e2, 2, 3, 4]", "expected integers for INT32, got floating-point numbers")],

@@ -158,7 +158,7 @@ CheckDeclared = Callable[[str, str, tuple[int, ...]], None]
 
 
 def _decode_input(
-    item: Any, binary: memoryview, offset: int, check: CheckDeclared | None
+    item: Any, binary: memoryview, offset: int, check: CheckDeclared | None, may_hold_bools: bool
 ) -> tuple[str, Array, int, bool]:
     """One entry of 'inputs': its name, array, the offset past its binary data, and whether it came as JSON."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
@@ -178,7 +178,8 @@ def _decode_input(
         return name, decode_binary(binary[offset : offset + size], str(datatype), shape, what), offset + size, False
     if "data" not in item:
         raise BadRequestError(f"{what}: needs 'data' or a binary_data_size parameter")
-    return name, reshape_checked(array_from_json(item["data"], dtype, what), shape, what), offset, True
+    values = array_from_json(item["data"], dtype, what, may_hold_bools)
+    return name, reshape_checked(values, shape, what), offset, True
 
 
 def _requested_outputs(raw: Any) -> tuple[RequestedOutput, ...]:
@@ -243,8 +244,9 @@ def _parse_infer_request(
     as_text: set[str] = set()
     layout: _Layout = []
     offset = 0
+    may_hold_bools = b"true" in header or b"false" in header
     for item in raw_inputs:
-        name, array, end, is_json = _decode_input(item, binary, offset, check)
+        name, array, end, is_json = _decode_input(item, binary, offset, check, may_hold_bools)
         if name in inputs:
             raise BadRequestError(f"input '{name}' is given twice")
         inputs[name] = array

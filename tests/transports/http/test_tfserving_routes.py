@@ -97,6 +97,10 @@ def test_b64_for_an_int32_input_names_what_was_given(server: LiveServer) -> None
     assert response.status_code == 400
     expected = "input 'tokens': expected integers for INT32, got bytes (a {\"b64\": ...} object)"
     assert response.json()["error"] == expected
+    row = {"features": [0, 0, 0, 0], "tokens": [1, True, 3]}
+    response = predict(server, "/v1/models/multi:predict", {"instances": [row]})
+    assert response.status_code == 400
+    assert response.json()["error"] == "input 'tokens': expected integers for INT32, got true/false among them"
 
 
 ADMIN = "admin-secret"
