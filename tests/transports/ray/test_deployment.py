@@ -262,7 +262,9 @@ def test_a_replica_killed_under_load_fails_no_request(cluster_url: str) -> None:
         failed = [status for status in statuses if status != 200]
         assert len(statuses) > 50 and not failed, (len(statuses), failed[:5])
     assert not proxied[1], proxied[1][:5]
-    lost = ("ReadError", "RemoteProtocolError")  # reset, or closed before an answer
+    # Reset or closed before an answer, or reset while httpx was still connecting: the kernel had completed the
+    # handshake of a connection queued on the victim's listening socket, and its death reset it.
+    lost = ("ReadError", "WriteError", "RemoteProtocolError", "ConnectError('[Errno 104] Connection reset by peer')")
     late = [
         (after, error) for after, error in direct[1] if not (0 <= after <= _VICTIM_EXIT_S and error.startswith(lost))
     ]
