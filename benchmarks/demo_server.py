@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import subprocess
 import sys
 import tempfile
@@ -18,15 +19,19 @@ from layerserve.demo import build_demo_repository
 
 
 @contextmanager
-def demo_server(port: int, repository: Path | None = None, *flags: str) -> Iterator[tuple[str, Path]]:
-    """Build the demo repository (unless one is given), serve it with `flags`, yield (url, repository)."""
+def demo_server(
+    port: int, repository: Path | None = None, *flags: str, source: Path | None = None
+) -> Iterator[tuple[str, Path]]:
+    """Build the demo repository (unless one is given), serve it with `flags`, yield (url, repository); `source`: the
+    `src` folder of another checkout of layerserve to serve it with (first on PYTHONPATH)."""
     work = Path(tempfile.mkdtemp(prefix="layerserve-bench-"))
     if repository is None:
         repository = work / "repo"
         build_demo_repository(repository)
     command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port)]
     command += ["--engine-cache-dir", str(work / "cache"), "--log-level", "warning", *flags]
-    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    environment = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL, env=environment)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(3000):

@@ -1,0 +1,119 @@
+"""A change's effect on served speed: the tree before it and the checkout as it is now, served side by side and
+measured in turns.
+
+    .venv/bin/python benchmarks/ab_trees.py REF [--model token_classifier] [--workload tensor] [--concurrency 8]
+                                                [--slice-s 3] [--rounds 8] [--json PATH]
+
+REF (a commit, branch or tag) is checked out into a temporary git worktree and served from there (its `src` first on
+PYTHONPATH, with this checkout's virtual environment); this checkout, uncommitted changes included, is served beside
+it. Both serve one copy of the demo repository, with a text model of its own (`reviews`, as `small_model.py` trains
+it) for the `text` workload. Then slices of `layerserve bench` load (feature cache bypassed) take turns on the two
+servers, the order alternating from round to round: this machine's speed drifts by up to 2x within minutes, so only
+slices measured side by side compare. Printed: each round's requests a second and server CPU per request for both,
+and the median of the rounds' ratios (now / REF). Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from demo_server import demo_server
+from layerserve.bench.generator import WORKLOADS, BenchOptions, run_bench
+from layerserve.demo import build_demo_repository
+from results import ROOT, arguments, table, write_result
+from small_model import TEXT, text_model
+
+
+def worktree(ref: str, target: Path) -> None:
+    """Check `ref` out into `target` (a detached git worktree of this checkout).
+
+    Raises:
+        SystemExit: `ref` names no commit.
+    """
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+    if git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
+        raise SystemExit(f"{ref!r} names no commit of this checkout")
+    added = git("worktree", "add", "--detach", str(target), ref)
+    if added.returncode != 0:
+        raise SystemExit(f"git worktree add failed: {added.stderr.strip()}")
+
+
+def slice_of_load(url: str, args: argparse.Namespace) -> tuple[float, float | None]:
+    """One slice of load on one server: its requests a second and the server's CPU microseconds per request."""
+    options = BenchOptions(
+        url, args.model, args.workload, [args.concurrency], args.slice_s, use_cache=False,
+        text=TEXT if args.workload == "text" else "",
+    )  # fmt: skip
+    (step,) = run_bench(options)["steps"]
+    cpu = step["server_cpu_percent"]
+    per_request = None if cpu is None or not step["req_s"] else cpu / 100 / step["req_s"] * 1e6
+    return step["req_s"], per_request
+
+
+def _grpc(port: int) -> tuple[str, str]:
+    """The gRPC port flag of the server on HTTP `port`: two servers must not both take the default."""
+    return "--grpc-port", str(port + 100)
+
+
+def render(result: dict[str, Any]) -> str:
+    """Each round's figures for both trees, then the medians."""
+    ref = result["parameters"]["ref"]
+    header = ["round", f"{ref} req/s", "now req/s", "now / ref", f"{ref} server us/request", "now server us/request"]
+    rows: list[list[Any]] = []
+    for number, (before, after) in enumerate(zip(result["ref"], result["now"], strict=True), 1):
+        rows.append([number, before[0], after[0], after[0] / before[0], before[1] or "-", after[1] or "-"])
+    rows.append(["median", "", "", result["median_ratio"], "", ""])
+    return table(header, rows)
+
+
+def main() -> None:
+    """Serve both trees, take turns measuring them; print the table (and write the result as JSON with `--json`)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ref", help="the commit, branch or tag to compare this checkout with")
+    parser.add_argument("--model", default="token_classifier")
+    parser.add_argument("--workload", choices=WORKLOADS, default="tensor")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--slice-s", type=float, default=3.0, help="seconds of load per slice")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of one slice on each server")
+    parser.add_argument("--port", type=int, default=8781, help="the REF server's port; now's is the next one")
+    parser.add_argument("--json", type=Path, help="write the result here")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="layerserve-ab-"))
+    worktree(args.ref, work / "ref")
+    try:
+        repository = work / "repo"
+        build_demo_repository(repository)
+        if args.workload == "text":
+            text_model(repository)
+        with contextlib.ExitStack() as servers:
+            ref_server = demo_server(args.port, repository, *_grpc(args.port), source=work / "ref" / "src")
+            ref_url, _ = servers.enter_context(ref_server)
+            now_url, _ = servers.enter_context(demo_server(args.port + 1, repository, *_grpc(args.port + 1)))
+            figures: dict[str, list[tuple[float, float | None]]] = {"ref": [], "now": []}
+            for round_number in range(args.rounds):
+                order = [("ref", ref_url), ("now", now_url)]
+                for name, url in order if round_number % 2 == 0 else reversed(order):
+                    figures[name].append(slice_of_load(url, args))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(work / "ref")], cwd=ROOT, check=False)
+    ratios = [after[0] / before[0] for before, after in zip(figures["ref"], figures["now"], strict=True)]
+    result = {"parameters": arguments(args), **figures, "median_ratio": statistics.median(ratios)}
+    print(render(result))
+    if args.json:
+        write_result(args.json, result)
+
+
+if __name__ == "__main__":
+    main()
