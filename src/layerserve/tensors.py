@@ -146,7 +146,7 @@ def array_from_json(data: Any, dtype: np.dtype[Any], what: str, may_hold_bools: 
         return values.astype(dtype)
     if dtype.kind == "b" and kind != "b":
         raise BadRequestError(f"{what}: expected true/false values for BOOL, got {_given(values)}")
-    if dtype.kind != "b" and kind in "iuf" and may_hold_bools and _holds_bools(data):
+    if kind in "iuf" and may_hold_bools and _holds_bools(data):
         # numpy reads true as 1 beside numbers: refused, as Triton and TF Serving refuse it
         expected = "integers" if dtype.kind in "iu" else "numbers"
         raise BadRequestError(f"{what}: expected {expected} for {datatype_of(dtype)}, got true/false among them")
