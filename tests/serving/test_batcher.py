@@ -52,12 +52,35 @@ def check(result: list[Array], sent: list[Array]) -> None:
 
 async def test_concurrent_requests_share_one_call_and_get_their_own_rows() -> None:
     model = GatedModel()
-    merger = batcher(model)
+    merger = batcher(model, delay_s=0.05)  # with a delay, a batch takes what is queued up to max_batch_size
     sent = [rows(100 * i, n) for i, n in enumerate([1, 3, 2])]
     results = await asyncio.gather(*(merger.submit(s, None) for s in sent))
     assert model.calls == [6]
     for result, arrays in zip(results, sent, strict=True):
         check(result, arrays)
+
+
+async def test_a_batch_takes_half_the_unanswered_rows_so_the_next_is_queued_when_it_ends() -> None:
+    # Eight clients, each sending its next request when answered: batches of 4, never 8, so that 4 requests wait
+    # whenever a batch ends instead of the model waiting for the answers to go out and the requests to come back.
+    model = GatedModel()
+    slow = Batcher(
+        lambda arrays: (time.sleep(0.01), model(arrays))[1], ThreadPoolExecutor(1), 8, 0.0, QueueBudget(100), ("m", "1")
+    )
+
+    async def client(start: int) -> None:
+        for turn in range(6):
+            sent = rows(start + 1000 * turn, 1)
+            check(await slow.submit(sent, None), sent)
+
+    await asyncio.gather(*(client(10 * i) for i in range(8)))
+    assert sum(model.calls) == 48
+    assert max(model.calls) == 4
+    assert model.calls.count(4) >= 10  # burst start-up aside, every batch is 4 rows
+
+    merger = batcher(GatedModel(), max_batch=4)
+    lone = [rows(0, 3)]
+    check(await merger.submit(lone[0], None), lone[0])  # one request alone still runs whole
 
 
 async def test_requests_queued_while_busy_form_the_next_batch() -> None:
@@ -154,7 +177,7 @@ async def test_a_failing_request_fails_alone_and_its_batch_mates_get_their_rows(
     for _ in range(10):
         gate = threading.Event()
         model = PoisonedModel(gate)
-        merger = batcher(model, max_batch=32)
+        merger = batcher(model, max_batch=32, delay_s=0.001)  # a delay: batches up to max_batch, not half
         first = asyncio.ensure_future(merger.submit(rows(0, 1), None))
         await started(model)  # the model thread is busy: the next 25 requests queue up and form one batch
         sent = [rows(1000 * i, 1) for i in range(24 + bad_count)]
@@ -188,7 +211,7 @@ async def test_an_engine_that_is_gone_fails_the_whole_batch_at_once() -> None:
             return [arrays[0] * 2, arrays[0].sum(axis=1)]
         raise EngineProcessError("the engine process of model m version 1 was killed by SIGKILL")
 
-    merger = Batcher(gone, ThreadPoolExecutor(1), 8, 0.0, QueueBudget(10), ("m", "1"))
+    merger = Batcher(gone, ThreadPoolExecutor(1), 8, 0.001, QueueBudget(10), ("m", "1"))
     first = asyncio.ensure_future(merger.submit(rows(0, 1), None))
     await asyncio.get_running_loop().run_in_executor(None, first_started.wait, 30)
     waiting = [asyncio.ensure_future(merger.submit(rows(0, 1), None)) for _ in range(4)]

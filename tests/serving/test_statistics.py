@@ -25,9 +25,9 @@ def double(arrays: list[Array]) -> list[Array]:
 
 async def test_a_batch_counts_its_rows_once_and_each_request_queued() -> None:
     statistics = VersionStatistics()
-    merger = Batcher(double, ThreadPoolExecutor(1), 8, 0.0, QueueBudget(100), ("m", "1"), statistics=statistics)
+    merger = Batcher(double, ThreadPoolExecutor(1), 8, 0.01, QueueBudget(100), ("m", "1"), statistics=statistics)
     sent = [np.ones((n, 3), np.float32) for n in (1, 3, 2)]
-    await asyncio.gather(*(merger.submit([a], None) for a in sent))  # one call: the batcher was idle
+    await asyncio.gather(*(merger.submit([a], None) for a in sent))  # one call: the batcher was idle, with a delay
     await merger.submit([np.ones((4, 3), np.float32)], None)
     assert statistics.inference_count == 10 and statistics.execution_count == 2
     assert statistics.queue.count == 4 and statistics.compute_infer.count == 4

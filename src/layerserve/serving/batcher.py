@@ -43,7 +43,8 @@ class Batcher:
 
     A batch is sent when the model thread is free and either the queue holds a full batch or the
     oldest request has waited `max_delay_s` (0: at once). A request larger than `max_batch_size`
-    runs alone. Every caller gets exactly its own rows back, or the error its own rows cause. With
+    runs alone. Off the loop with no delay, a batch holds at most half the rows not yet answered (`_limit`).
+    Every caller gets exactly its own rows back, or the error its own rows cause. With
     `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
     thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on a later turn of
     the loop (see `_flush_inline`), not a task. With `run_async`, batches are sent from the event loop instead of the
@@ -78,6 +79,7 @@ class Batcher:
         self._cancelled_metric = metrics.REQUESTS_CANCELLED.labels(*labels)
         self._queue: deque[_Pending] = deque()
         self._rows = 0
+        self._unanswered = 0  # rows submitted whose callers have not resumed yet (queued, running or answered)
         self._full = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._flush_scheduled = False
@@ -109,18 +111,22 @@ class Batcher:
                 self._flush_scheduled = True
                 loop.call_soon(self._flush_inline)
             return await pending.future
-        if self._rows >= self._max_batch_size:
-            self._full.set()
-        if self._task is None:
-            self._task = asyncio.create_task(self._serve())
-        if deadline is None:
-            return await pending.future
-        # One timer per request (cheaper than wait_for + shield): it fails the future at the deadline.
-        timer = loop.call_at(loop.time() + max(0.0, deadline - time.perf_counter()), _expire, pending)
+        self._unanswered += pending.rows
         try:
-            return await pending.future
+            if self._rows >= self._limit():
+                self._full.set()
+            if self._task is None:
+                self._task = asyncio.create_task(self._serve())
+            if deadline is None:
+                return await pending.future
+            # One timer per request (cheaper than wait_for + shield): it fails the future at the deadline.
+            timer = loop.call_at(loop.time() + max(0.0, deadline - time.perf_counter()), _expire, pending)
+            try:
+                return await pending.future
+            finally:
+                timer.cancel()
         finally:
-            timer.cancel()
+            self._unanswered -= pending.rows
 
     def _flush_inline(self) -> None:
         """(inline, no delay) Compute one batch of what is queued; another turn for the rest.
@@ -157,7 +163,7 @@ class Batcher:
 
     async def _wait_for_batch(self) -> None:
         waited = time.perf_counter() - self._queue[0].enqueued
-        if self._rows < self._max_batch_size and waited < self._max_delay_s:
+        if self._rows < self._limit() and waited < self._max_delay_s:
             self._full.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._full.wait(), self._max_delay_s - waited)
@@ -165,7 +171,7 @@ class Batcher:
     def _take(self) -> list[_Pending]:
         """Pop queued requests up to a full batch, skipping those whose caller gave up."""
         batch: list[_Pending] = []
-        rows = 0
+        rows, limit = 0, self._limit()
         while self._queue:
             head = self._queue[0]
             if head.future.done():  # its deadline passed, or its caller went away: never computed
@@ -173,11 +179,24 @@ class Batcher:
                     self._cancelled_metric.inc()
                 self._pop()
                 continue
-            if batch and rows + head.rows > self._max_batch_size:
+            if batch and rows + head.rows > limit:
                 break
             batch.append(self._pop())
             rows += head.rows
         return batch
+
+    def _limit(self) -> int:
+        """The most rows the next batch takes.
+
+        Off the loop and with no `max_delay_s`, at most half the rows not yet answered (rounded up): at the moment a
+        batch ends its callers have not resumed yet and still count, so with 8 clients a batch takes 4 and leaves 4
+        to run next while the first 4 are answered and send their next requests. Taking all 8 left the model idle for
+        that round trip at every batch. Inline, the loop runs the model itself and cannot overlap it with anything;
+        with a delay, the user asked for fuller batches: `max_batch_size` for both.
+        """
+        if self._is_inline or self._max_delay_s:
+            return self._max_batch_size
+        return min(self._max_batch_size, (self._unanswered + 1) // 2)
 
     def _pop(self) -> _Pending:
         pending = self._queue.popleft()
