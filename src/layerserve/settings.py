@@ -74,7 +74,10 @@ class Settings(BaseModel):
         16, ge=1, description="Default largest batch a batcher sends (models without a free batch dim: 1)."
     )
     max_delay_ms: float = Field(
-        0.0, ge=0, description="Default wait for a fuller batch once the model is free (0: send at once)."
+        0.0,
+        ge=0,
+        description="Default wait for a fuller batch once the model is free (0: send at once, at most half the "
+        "rows not yet answered).",
     )
     max_queue_size: int = Field(256, ge=1, description="Default requests waiting per version; beyond it, 503.")
     request_timeout_ms: int = Field(
