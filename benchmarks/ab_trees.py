@@ -7,7 +7,8 @@ measured in turns.
 REF (a commit, branch or tag) is checked out into a temporary git worktree and served from there (its `src` first on
 PYTHONPATH, with this checkout's virtual environment); this checkout, uncommitted changes included, is served beside
 it. Both serve one copy of the demo repository, with a text model of its own (`reviews`, as `small_model.py` trains
-it) for the `text` workload. Then slices of `layerserve bench` load (feature cache bypassed) take turns on the two
+it) for the `text` workload; the `image` workload sends scikit-image's chelsea as a JPEG (as `classify.py` does) to
+`/classify`. Then slices of `layerserve bench` load (feature cache bypassed) take turns on the two
 servers, the order alternating from round to round: this machine's speed drifts by up to 2x within minutes, so only
 slices measured side by side compare. Printed: each round's requests a second and server CPU per request for both,
 and the median of the rounds' ratios (now / REF). Run it on a quiet machine.
@@ -26,7 +27,7 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from demo_server import demo_server
+from demo_server import demo_server, sample_jpeg
 from layerserve.bench.generator import WORKLOADS, BenchOptions, run_bench
 from layerserve.demo import build_demo_repository
 from results import ROOT, arguments, table, write_result
@@ -50,10 +51,10 @@ def worktree(ref: str, target: Path) -> None:
         raise SystemExit(f"git worktree add failed: {added.stderr.strip()}")
 
 
-def slice_of_load(url: str, args: argparse.Namespace) -> tuple[float, float | None]:
+def slice_of_load(url: str, args: argparse.Namespace, image: Path | None) -> tuple[float, float | None]:
     """One slice of load on one server: its requests a second and the server's CPU microseconds per request."""
     options = BenchOptions(
-        url, args.model, args.workload, [args.concurrency], args.slice_s, use_cache=False,
+        url, args.model, args.workload, [args.concurrency], args.slice_s, image=image, use_cache=False,
         text=TEXT if args.workload == "text" else "",
     )  # fmt: skip
     (step,) = run_bench(options)["steps"]
@@ -97,6 +98,7 @@ def main() -> None:
         build_demo_repository(repository)
         if args.workload == "text":
             text_model(repository)
+        image = sample_jpeg(work / "chelsea.jpg") if args.workload == "image" else None
         with contextlib.ExitStack() as servers:
             ref_server = demo_server(args.port, repository, *_grpc(args.port), source=work / "ref" / "src")
             ref_url, _ = servers.enter_context(ref_server)
@@ -105,7 +107,7 @@ def main() -> None:
             for round_number in range(args.rounds):
                 order = [("ref", ref_url), ("now", now_url)]
                 for name, url in order if round_number % 2 == 0 else reversed(order):
-                    figures[name].append(slice_of_load(url, args))
+                    figures[name].append(slice_of_load(url, args, image))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(work / "ref")], cwd=ROOT, check=False)
     ratios = [after[0] / before[0] for before, after in zip(figures["ref"], figures["now"], strict=True)]
