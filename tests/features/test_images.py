@@ -53,16 +53,17 @@ def test_resize_modes() -> None:
     assert padded[0, 5].tolist() == [0, 0, 0] and padded[5, 5, 0] == 255  # black bars above and below
 
 
-def test_exif_orientation_is_applied() -> None:
-    upright = Image.new("RGB", (20, 10), (0, 0, 0))
-    upright.paste((255, 255, 255), (0, 0, 5, 10))  # white on the left
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])  # a JPEG is decoded (drafted) lazily, then turned in place
+def test_exif_orientation_is_applied(fmt: str) -> None:
+    upright = Image.new("RGB", (40, 20), (0, 0, 0))
+    upright.paste((255, 255, 255), (0, 0, 10, 20))  # white on the left
     stored = upright.rotate(90, expand=True)  # stored turned 90 degrees counter-clockwise
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 CW to display"
-    raw = encode(stored, "PNG", exif=exif)
-    got = load_one(raw, spec_for(10, 20, resize="squash", interpolation="nearest"), 10**6)
-    assert got.shape == (10, 20, 3)
-    assert got[5, 1, 0] == 255 and got[5, 18, 0] == 0
+    raw = encode(stored, fmt, exif=exif, **({"quality": 95} if fmt == "JPEG" else {}))
+    got = load_one(raw, spec_for(20, 40, resize="squash", interpolation="nearest"), 10**6)
+    assert got.shape == (20, 40, 3)
+    assert got[10, 2].min() > 240 and got[10, 37].max() < 15
 
 
 def test_grayscale_gif_first_frame_and_jpeg() -> None:

@@ -104,21 +104,25 @@ def _fit(image: Image.Image, spec: ImageSpec) -> Image.Image:
 
 
 def to_array(image: Image.Image, spec: ImageSpec) -> Array:
-    """Decode, orient, convert, resize and preprocess one image into an (H, W, C) array of the input dtype.
+    """Decode, orient, convert, resize and preprocess one image into an (H, W, C) array of the input dtype (`image`
+    itself is decoded and oriented in place).
 
     Raises:
         UnprocessableImageError: the image data is truncated or corrupt.
     """
+    mode = "RGB" if spec.channels == 3 else "L"
     try:
         if image.format == "JPEG":
-            image.draft("RGB" if spec.channels == 3 else "L", (spec.width, spec.height))
+            image.draft(mode, (spec.width, spec.height))
         image.seek(0)
-        image = ImageOps.exif_transpose(image)
-        image = image.convert("RGB" if spec.channels == 3 else "L")
+        image.load()  # decoded here, so that bad data is a 422; the image is ours: no step below copies it for nothing
+        ImageOps.exif_transpose(image, in_place=True)
+        if image.mode != mode:
+            image = image.convert(mode)
     except (OSError, ValueError, SyntaxError):
         raise UnprocessableImageError("the image data is truncated or corrupt") from None
     pixels = np.asarray(_fit(image, spec), dtype=np.float32).reshape(spec.height, spec.width, spec.channels)
-    return preprocess(pixels, spec).astype(spec.dtype)
+    return preprocess(pixels, spec).astype(spec.dtype, copy=False)
 
 
 def preprocess(pixels: Array, spec: ImageSpec) -> Array:
