@@ -113,7 +113,7 @@ class Batcher:
             return await pending.future
         self._unanswered += pending.rows
         try:
-            if self._rows >= self._limit():
+            if self._rows >= self._max_batch_size:  # (`_full` matters with a delay only, where that is the limit)
                 self._full.set()
             if self._task is None:
                 self._task = asyncio.create_task(self._serve())
@@ -163,7 +163,7 @@ class Batcher:
 
     async def _wait_for_batch(self) -> None:
         waited = time.perf_counter() - self._queue[0].enqueued
-        if self._rows < self._limit() and waited < self._max_delay_s:
+        if self._rows < self._max_batch_size and waited < self._max_delay_s:
             self._full.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._full.wait(), self._max_delay_s - waited)
