@@ -191,9 +191,10 @@ class DataPlane:
     async def infer_on(self, served: ModelVersion, request: InferRequest) -> InferResponse:
         """`infer` on a version the caller leased (a transport that reads the version to translate its wire)."""
         inputs = served.checks.inputs(request.inputs, request.base64_inputs)
-        served.checks.outputs(request.requested)
-        inputs = await served.decode_encoded(inputs, self._decoder)
         names = tuple(output.name for output in request.requested)
+        served.checks.outputs(names)
+        if served.encoded_input is not None:
+            inputs = await served.decode_encoded(inputs, self._decoder)
         computed = await served.predict(inputs, names, request.timeout_ms, request.use_cache)
         outputs = answer_outputs(request.requested, computed, served.labels, served.classify_output)
         return InferResponse(served.name, served.version, outputs, request.id)

@@ -32,7 +32,7 @@ def _checked(request: service_pb2.ModelInferRequest, graph: LayerGraph) -> Infer
     checks = RequestChecks(graph, "tokens" if graph is TEXTS else None)
     parsed = grpc_v2.parse_model_infer(request, checks.declared)
     checks.inputs(parsed.inputs, parsed.base64_inputs)
-    checks.outputs(parsed.requested)
+    checks.outputs(tuple(o.name for o in parsed.requested))
     return parsed
 
 

@@ -30,7 +30,7 @@ def _checked(body: bytes, header_length: str | None, graph: LayerGraph) -> Infer
     checks = RequestChecks(graph)
     request = parse_infer_request(body, header_length, "m", 1, checks.declared)
     checks.inputs(request.inputs, request.base64_inputs)
-    checks.outputs(request.requested)
+    checks.outputs(tuple(o.name for o in request.requested))
     return request
 
 

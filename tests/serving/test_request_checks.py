@@ -10,7 +10,6 @@ import pytest
 
 from layerserve.errors import BadRequestError
 from layerserve.lifecycle.model import read_signature
-from layerserve.messages import RequestedOutput
 from layerserve.serving.layers import LayerGraph
 from layerserve.serving.request_checks import RequestChecks
 from tests.models import build_multi
@@ -31,7 +30,7 @@ def test_good_inputs_pass_and_lists_take_the_tensor_s_datatype(checks: RequestCh
     assert arrays["features"].dtype == np.float32 and arrays["tokens"].dtype == np.int32
     joined = checks.inputs({"joined": np.zeros((3, 10), np.float32)})  # a cut: the layer 'joined' as the input
     assert joined["joined"].shape == (3, 10)
-    checks.outputs((RequestedOutput("probs"), RequestedOutput("embedding")))
+    checks.outputs(("probs", "embedding"))
 
 
 @pytest.mark.parametrize(
@@ -59,9 +58,12 @@ def test_bad_inputs_are_refused_naming_the_problem(
 
 def test_outputs_must_exist_once(checks: RequestChecks) -> None:
     with pytest.raises(BadRequestError, match="unknown output 'nothing'"):
-        checks.outputs((RequestedOutput("nothing"),))
+        checks.outputs(("nothing",))
     with pytest.raises(BadRequestError, match="output names must be unique"):
-        checks.outputs((RequestedOutput("probs"), RequestedOutput("probs")))
+        checks.outputs(("probs", "probs"))
+    checks.outputs(("probs",))
+    with pytest.raises(BadRequestError, match="output names must be unique"):  # a name list that passed is kept,
+        checks.outputs(("probs", "probs"))  # one that failed is checked again
 
 
 def test_base64_text_of_encoded_images_is_decoded_only_for_image_inputs() -> None:

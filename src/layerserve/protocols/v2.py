@@ -465,10 +465,15 @@ def is_binary(request: InferRequest, name: str) -> bool:
     return request.binary_output
 
 
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
 def tensor_bytes(array: Array) -> bytes:
     """One tensor's binary data: little-endian values, or length-prefixed BYTES elements."""
     if array.dtype.kind in "OSU":
         return encode_bytes_elements(array)
+    if _LITTLE_ENDIAN and array.dtype.isnative:
+        return array.tobytes()  # C order, as `ascontiguousarray` below gives it, without a new dtype each time
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,12 +30,14 @@ class QueueBudget:
     queued: int = 0
 
 
-@dataclass
 class _Pending:
-    arrays: list[Array]
-    rows: int
-    future: asyncio.Future[list[Array]]
-    enqueued: float = field(default_factory=time.perf_counter)
+    """One queued request: its arrays, their rows, the future its caller awaits, and when it was queued."""
+
+    __slots__ = ("arrays", "enqueued", "future", "rows")
+
+    def __init__(self, arrays: list[Array], rows: int, future: asyncio.Future[list[Array]]) -> None:
+        self.arrays, self.rows, self.future = arrays, rows, future
+        self.enqueued = time.perf_counter()
 
 
 class Batcher:

@@ -80,7 +80,7 @@ class BatcherTable:
         """
         names = tuple(sorted(inputs))
         arrays = [inputs[name] for name in names]
-        key = (names, outputs, tuple((a.shape[1:], a.dtype.str) for a in arrays))
+        key = (names, outputs, tuple((a.shape[1:], a.dtype) for a in arrays))
         batcher = self._batchers.get(key) or self._new_batcher(key, names, outputs)
         deadline = time.perf_counter() + (timeout_ms or self._timeout_ms) / 1000
         results = await batcher.submit(arrays, deadline)

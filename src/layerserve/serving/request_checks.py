@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from layerserve.errors import BadRequestError
-from layerserve.messages import RequestedOutput
 from layerserve.serving.layers import LayerGraph
 from layerserve.tensors import Array, TensorSpec, check_against_spec, check_batch_sizes, datatype_of
 
@@ -76,6 +75,7 @@ class RequestChecks:
         self._takes_images = takes_images
         self._index_ranges = graph.index_ranges()
         self._passed: set[tuple[tuple[str, str, tuple[int, ...]], ...]] = set()  # signatures that passed
+        self._passed_outputs: set[tuple[str, ...]] = set()  # output name lists that passed
 
     def declared(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
         """Check one input's declared name, datatype and shape before a codec reads its data (so that a request
@@ -127,17 +127,21 @@ class RequestChecks:
         except (ValueError, TypeError, OverflowError):
             raise BadRequestError(f"input '{name}': data must be a (nested) list of numbers of one shape") from None
 
-    def outputs(self, requested: tuple[RequestedOutput, ...]) -> None:
-        """Every requested output names a model output or a layer, once.
+    def outputs(self, names: tuple[str, ...]) -> None:
+        """Every requested output (by name) names a model output or a layer, once.
 
         Raises:
             NotFoundError / BadRequestError: an unknown name (with the nearest names), or a name given twice.
         """
-        names = [output.name for output in requested]
+        if names in self._passed_outputs:
+            return
         for name in names:
             self._graph.spec(name, "output")
         if len(set(names)) != len(names):
-            raise BadRequestError(f"output names must be unique, got {names}")
+            raise BadRequestError(f"output names must be unique, got {list(names)}")
+        if len(self._passed_outputs) >= _MAX_SIGNATURES:
+            self._passed_outputs.clear()
+        self._passed_outputs.add(names)
 
     def _check_indices(self, inputs: dict[str, Array]) -> None:
         """Values that index an Embedding must lie in [0, its input_dim): checked before batching."""

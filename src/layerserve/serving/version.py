@@ -298,8 +298,9 @@ class ModelVersion:
 
     def hold(self) -> None:
         """A request uses this version: it is not closed before `release`."""
+        if not self._in_flight:
+            self._idle.clear()
         self._in_flight += 1
-        self._idle.clear()
 
     def release(self) -> None:
         """The end of a `hold`."""
