@@ -3,6 +3,7 @@ answers equal Keras, bad calls raise our errors."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,6 +63,24 @@ async def test_bad_calls_raise_errors_that_name_the_problem(runtime: Runtime) ->
         await runtime.infer(InferRequest("multi", {"features": np.zeros((1, 4), np.float32), "tokens": [[1, 2, 10]]}))
     with pytest.raises(BadRequestError, match=r"images .* or texts"):
         await runtime.classify(ClassifyRequest("mlp", [b"png", "text"]))
+
+
+async def test_a_bad_value_is_named_at_its_place_in_the_request_when_its_other_rows_are_cached(
+    settings: Settings, repository: Path, tmp_path: Path
+) -> None:
+    shutil.copytree(repository / "multi", tmp_path / "multi")
+    (tmp_path / "multi" / "config.yaml").write_text("cache: true\n")
+    runtime = Runtime(settings.model_copy(update={"model_repository": tmp_path, "reload_interval_s": 0}))
+    await runtime.start()
+    try:
+        await runtime.registry.wait_settled()
+        features = np.zeros((3, 4), np.float32)
+        tokens = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 10]], np.int32)
+        await runtime.infer(InferRequest("multi", {"features": features[:2], "tokens": tokens[:2]}))  # now cached
+        with pytest.raises(BadRequestError, match=r"value 10 at position \[2, 2\]"):  # not [0, 2] of the misses
+            await runtime.infer(InferRequest("multi", {"features": features, "tokens": tokens}))
+    finally:
+        await runtime.close()
 
 
 def test_blocking_runtime_answers_many_threads_as_keras(settings: Settings, repository: Path) -> None:

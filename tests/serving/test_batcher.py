@@ -10,7 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from layerserve.errors import DeadlineExceededError, EngineProcessError, LayerserveError, QueueFullError
+from layerserve.errors import (
+    BadRequestError,
+    DeadlineExceededError,
+    EngineProcessError,
+    LayerserveError,
+    QueueFullError,
+)
 from layerserve.serving.batcher import Batcher, QueueBudget
 from layerserve.tensors import Array
 
@@ -196,6 +202,33 @@ async def test_a_failing_request_fails_alone_and_its_batch_mates_get_their_rows(
                 assert isinstance(result, list), (index, result)
                 check(result, arrays)
         assert len(model.calls) <= 2 + 2 * bad_count * int(np.ceil(np.log2(len(sent)))) + 2
+
+
+def refuse_negative_rows(arrays: list[Array]) -> None:
+    """A check of a batch's rows (as RequestChecks.index_check gives one): no negative value."""
+    if (arrays[0] < 0).any():
+        row = int(np.argwhere(arrays[0] < 0)[0][0])
+        raise BadRequestError(f"negative value in row {row} of {arrays[0].shape[0]}")
+
+
+@pytest.mark.parametrize(("inline", "delay_s"), [(False, 0.05), (True, 0.0)])  # a task's batch, a callback's
+async def test_rows_the_check_refuses_fail_alone_named_in_their_own_request_and_are_never_computed(
+    inline: bool, delay_s: float
+) -> None:
+    model = GatedModel()
+    merger = Batcher(
+        model, ThreadPoolExecutor(1), 8, delay_s, QueueBudget(100), ("m", "1"), is_inline=inline,
+        check_rows=refuse_negative_rows,
+    )  # fmt: skip
+    sent = [rows(3 * i, 2) for i in range(4)]
+    sent[2][0][1, 0] = -1.0  # the third request's second row
+    results = await asyncio.gather(*(merger.submit(s, None) for s in sent), return_exceptions=True)
+    error = results[2]
+    assert isinstance(error, BadRequestError) and error.message == "negative value in row 1 of 2", error
+    assert model.calls == [6]  # one call for the three others, the refused rows never computed
+    for index in (0, 1, 3):
+        check(results[index], sent[index])  # type: ignore[arg-type]
+    assert await merger.submit(rows(0, 1), None) and model.calls == [6, 1]  # a batch that passes: one check
 
 
 async def test_an_engine_that_is_gone_fails_the_whole_batch_at_once() -> None:

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from layerserve import metrics
-from layerserve.errors import DeadlineExceededError, EngineProcessError, LayerserveError, QueueFullError
+from layerserve.errors import (
+    BadRequestError,
+    DeadlineExceededError,
+    EngineProcessError,
+    LayerserveError,
+    QueueFullError,
+)
 from layerserve.serving.statistics import VersionStatistics
 from layerserve.tensors import Array
 
@@ -50,7 +56,8 @@ class Batcher:
     `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
     thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on a later turn of
     the loop (see `_flush_inline`), not a task. With `run_async`, batches are sent from the event loop instead of the
-    model thread (an engine process's session: the answer wakes the loop directly).
+    model thread (an engine process's session: the answer wakes the loop directly). With `check_rows`, a batch's
+    joined arrays are checked before the call, and a request whose own rows fail it is refused alone.
     """
 
     def __init__(
@@ -64,8 +71,10 @@ class Batcher:
         is_inline: bool = False,
         statistics: VersionStatistics | None = None,
         run_async: RunBatchAsync | None = None,
+        check_rows: Callable[[list[Array]], None] | None = None,
     ) -> None:
         self._run = run
+        self._check_rows = check_rows
         self._run_async = run_async
         self._is_inline = is_inline
         self._statistics = statistics
@@ -227,7 +236,9 @@ class Batcher:
         fails the others it was batched with. An error that says the engine itself is gone fails them all."""
         started = time.perf_counter()
         try:
-            arrays = _joined(batch)
+            batch, arrays = self._joined_checked(batch)
+            if not batch:
+                return
             if self._is_inline:
                 outputs = self._run(arrays)
             elif self._run_async is not None:
@@ -245,12 +256,36 @@ class Batcher:
         """`_answer` on the event loop itself (an inline batch)."""
         started = time.perf_counter()
         try:
-            split = _split(self._run(_joined(batch)), [p.rows for p in batch])
+            batch, arrays = self._joined_checked(batch)
+            if not batch:
+                return
+            split = _split(self._run(arrays), [p.rows for p in batch])
         except Exception as error:
             for half in self._halves_to_retry(batch, error):
                 self._answer_now(half)
             return
         self._deliver(batch, split, started)
+
+    def _joined_checked(self, batch: list[_Pending]) -> tuple[list[_Pending], list[Array]]:
+        """The requests of the batch whose rows pass `check_rows`, and their arrays joined. The joined arrays are
+        checked at once; only if they fail is each request checked alone, and each that fails gets its own error
+        (naming its own position), never computed."""
+        arrays = _joined(batch)
+        if self._check_rows is None:
+            return batch, arrays
+        try:
+            self._check_rows(arrays)
+            return batch, arrays
+        except BadRequestError:
+            passed = []
+            for pending in batch:
+                try:
+                    self._check_rows(pending.arrays)
+                    passed.append(pending)
+                except BadRequestError as error:
+                    if not pending.future.done():
+                        pending.future.set_exception(error)
+            return passed, _joined(passed) if passed else []
 
     def _halves_to_retry(self, batch: list[_Pending], error: Exception) -> list[list[_Pending]]:
         """After a failed call: the halves of the batch to run again, or none (a lone request, or an engine that

@@ -44,7 +44,8 @@ class BatcherTable:
     """Requests with the same input names, outputs and non-batch shapes share one batcher; all of a version's
     batchers share its queue budget and its model thread. `run` computes one batch (on the model thread, or on
     the event loop for a full-model call when `is_inline` says so); `run_async`, with the names it takes, sends one
-    from the event loop instead of the model thread."""
+    from the event loop instead of the model thread. `index_check` gives the batcher of some input names the check
+    of their values' ranges (RequestChecks.index_check)."""
 
     def __init__(
         self,
@@ -56,8 +57,10 @@ class BatcherTable:
         statistics: VersionStatistics,
         is_inline: Callable[[tuple[str, ...], tuple[str, ...]], bool],
         run_async: tuple[RunNamedAsync, Callable[[tuple[str, ...], tuple[str, ...]], bool]] | None = None,
+        index_check: Callable[[tuple[str, ...]], Callable[[list[Array]], None] | None] | None = None,
     ) -> None:
         self._run = run
+        self._index_check = index_check
         self._run_async = run_async
         self._thread = thread
         self._max_batch_size = plan.max_batch_size
@@ -105,6 +108,7 @@ class BatcherTable:
         batcher = Batcher(
             run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, self._labels,
             self._is_inline(names, wanted), self._statistics, run_async,
+            None if self._index_check is None else self._index_check(names),
         )  # fmt: skip
         self._batchers[key] = batcher
         return batcher

@@ -2,8 +2,9 @@
 
 Every transport's codec only translates; what it hands over is checked here, once, before anything is queued:
 input names, datatypes and shapes (model inputs or cut layers), that all model inputs are given, equal batch
-sizes, Embedding index ranges (so that one bad request never fails a batch shared with others), and the names
-of the outputs asked for.
+sizes, and the names of the outputs asked for. Embedding index ranges depend on the values alone: the batcher
+checks them on each batch's joined arrays (`index_check`), and only when a batch fails, each of its requests
+alone, so that a bad request is refused with its own position and never computed with the others.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -109,7 +110,6 @@ class RequestChecks:
         for name in base64_inputs:
             if name == self._encoded_input and self._takes_images and name in arrays:
                 arrays[name] = _base64_elements(arrays[name], f"input '{name}'")  # texts come as plain strings
-        self._check_indices(arrays)
         return arrays
 
     def _check_signature(self, arrays: dict[str, Array]) -> None:
@@ -143,19 +143,47 @@ class RequestChecks:
             self._passed_outputs.clear()
         self._passed_outputs.add(names)
 
-    def _check_indices(self, inputs: dict[str, Array]) -> None:
-        """Values that index an Embedding must lie in [0, its input_dim): checked before batching."""
-        for name, (size, layer) in self._index_ranges.items():
-            array = inputs.get(name)
-            if array is None or array.dtype.kind not in "iuf" or array.size == 0:
-                continue
-            if array.dtype.kind in "iu":  # one reduction: seen unsigned, a negative value is past any size
-                if array.view(_UNSIGNED[array.dtype.itemsize]).max() < size:
-                    continue
-            elif array.min() >= 0 and array.max() < size:
-                continue
-            position = tuple(int(i) for i in np.argwhere((array < 0) | (array >= size) | np.isnan(array))[0])
-            raise BadRequestError(
-                f"input '{name}': value {array[position]} at position {list(position)} is out of range: it indexes "
-                f"Embedding '{layer}' of {size} rows, so values must be integers from 0 to {size - 1}"
-            )
+    def check_index_ranges(self, inputs: Mapping[str, Array]) -> None:
+        """`index_check` on one request's named arrays.
+
+        Raises:
+            BadRequestError: a value that indexes an Embedding is out of its range.
+        """
+        check = self.index_check(tuple(inputs))
+        if check is not None:
+            check(list(inputs.values()))
+
+    def index_check(self, names: tuple[str, ...]) -> Callable[[list[Array]], None] | None:
+        """The check of a batch's arrays of inputs `names` (in that order): values that index an Embedding must lie
+        in [0, its input_dim), else BadRequestError naming the first one and its position; None when none of
+        `names` indexes an Embedding."""
+        ranges = [(i, name, *self._index_ranges[name]) for i, name in enumerate(names) if name in self._index_ranges]
+        if not ranges:
+            return None
+
+        def check(arrays: list[Array]) -> None:
+            for i, name, size, layer in ranges:
+                check_index_range(arrays[i], name, size, layer)
+
+        return check
+
+
+def check_index_range(array: Array, name: str, size: int, layer: str) -> None:
+    """Values of input `name` that index Embedding `layer` of `size` rows must be integers from 0 to size - 1.
+
+    Raises:
+        BadRequestError: naming the first value out of range and its position.
+    """
+    kind = array.dtype.kind
+    if kind not in "iuf" or array.size == 0:
+        return
+    if kind in "iu":  # one reduction: seen unsigned, a negative value is past any size
+        if array.view(_UNSIGNED[array.dtype.itemsize]).max() < size:
+            return
+    elif array.min() >= 0 and array.max() < size:
+        return
+    position = tuple(int(i) for i in np.argwhere((array < 0) | (array >= size) | np.isnan(array))[0])
+    raise BadRequestError(
+        f"input '{name}': value {array[position]} at position {list(position)} is out of range: it indexes "
+        f"Embedding '{layer}' of {size} rows, so values must be integers from 0 to {size - 1}"
+    )

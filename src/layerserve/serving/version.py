@@ -118,7 +118,7 @@ class ModelVersion:
         self._batchers = BatcherTable(
             router.run, self._thread, loaded.plan, settings.request_timeout_ms, (self.name, str(self.version)),
             self.statistics, is_inline=lambda names, wanted: inline and router.is_full_model(names, wanted),
-            run_async=(router.run_async, router.sends_from_loop),
+            run_async=(router.run_async, router.sends_from_loop), index_check=loaded.checks.index_check,
         )  # fmt: skip
 
     @property
@@ -244,6 +244,9 @@ class ModelVersion:
             computed = await self._compute({n: a[misses] for n, a in inputs.items()}, wanted, timeout_ms)
             return [[computed[name][j] for name in wanted] for j in range(len(misses))]
 
+        # The batcher checks index ranges on the rows it computes; checked here first, a bad value's position is
+        # its place in the request, not among the rows the cache did not have.
+        self.checks.check_index_ranges(inputs)
         keys = cache.row_keys(self.name, self.version, self._model_digest, wanted, inputs)
         rows = await read_through(cache, keys, len(wanted), compute, self.statistics, self.name)
         return {name: np.stack([row[k] for row in rows]) for k, name in enumerate(wanted)}
