@@ -75,7 +75,7 @@ class RequestChecks:
         self._encoded_input = encoded_input
         self._takes_images = takes_images
         self._index_ranges = graph.index_ranges()
-        self._passed: set[tuple[tuple[str, str, tuple[int, ...]], ...]] = set()  # signatures that passed
+        self._passed: set[tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]] = set()  # signatures that passed
         self._passed_outputs: set[tuple[str, ...]] = set()  # output name lists that passed
 
     def declared(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
@@ -101,7 +101,8 @@ class RequestChecks:
             for name, value in inputs.items()
         }
         # Names, datatypes and shapes decide every check but the index ranges: a signature that passed once passes.
-        signature = tuple((name, array.dtype.str, array.shape) for name, array in arrays.items())
+        # (The dtype itself, not `dtype.str`: that formats a new string each time.)
+        signature = tuple((name, array.dtype, array.shape) for name, array in arrays.items())
         if signature not in self._passed:
             self._check_signature(arrays)
             if len(self._passed) >= _MAX_SIGNATURES:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
+import pytest
 from starlette.types import Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from layerserve.transports.http.server import HttpProtocol
+from layerserve.transports.http.server import CoalescingTransport, HttpProtocol
 
 
 async def _app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -90,3 +92,18 @@ def test_a_streamed_answer_arrives_whole_and_in_order() -> None:
     assert b"".join(sends) == answer
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
     assert answer.endswith(b"\r\n\r\n4\r\none,\r\n3\r\ntwo\r\n0\r\n\r\n")  # chunked: every chunk, then the end
+
+
+def test_what_uvicorn_asks_of_every_request_is_no_failed_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An attribute found through `__getattr__` first fails the normal lookup, which builds an AttributeError.
+    through_getattr: list[str] = []
+    delegate = CoalescingTransport.__getattr__
+
+    def recording(self: CoalescingTransport, name: str) -> Any:
+        through_getattr.append(name)
+        return delegate(self, name)
+
+    monkeypatch.setattr(CoalescingTransport, "__getattr__", recording)
+    _, received = _run(b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}", b"}")
+    assert received.endswith(b'{"ok":true}')
+    assert set(through_getattr) <= {"get_extra_info"}, through_getattr  # once per connection, as it opens

@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.errors import ServerErrorMiddleware
@@ -113,9 +115,34 @@ async def _grpc_door(runtime: Runtime) -> AsyncIterator[None]:
         await door.stop(settings.shutdown_timeout_s)
 
 
+class AppState(State):
+    """Starlette's app state, whose attributes the normal lookup finds: Starlette's `State` finds them in its
+    `__getattr__`, which runs only after the normal lookup has failed and built an `AttributeError` (two of them
+    on every infer request)."""
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        super().__setattr__(key, value)
+        object.__setattr__(self, key, value)
+
+    def __delattr__(self, key: str) -> None:
+        super().__delattr__(key)
+        object.__delattr__(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        delattr(self, key)
+
+
 class LayerserveApp(Starlette):
     """Starlette without its outermost ServerErrorMiddleware: RequestBoundary is the one boundary of unexpected
-    errors, so Starlette's (which re-raises after answering) would only add a frame to every request."""
+    errors, so Starlette's (which re-raises after answering) would only add a frame to every request. Its
+    `state` is an `AppState`."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.state = AppState()
 
     def build_middleware_stack(self) -> ASGIApp:
         """Starlette's middleware stack less its first layer."""

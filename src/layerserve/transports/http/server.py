@@ -23,7 +23,9 @@ class CoalescingTransport:
     """A transport whose writes leave in pairs: a write waits for the next one, or for the loop's next turn.
 
     Everything but `write`, `writelines`, `close` and `write_eof` is the wrapped transport's own; those flush the
-    held write first, so that nothing is reordered or lost.
+    held write first, so that nothing is reordered or lost. What uvicorn calls for every request is delegated by a
+    method of its own: an attribute found through `__getattr__` first fails the normal lookup, which builds an
+    `AttributeError` each time.
     """
 
     __slots__ = ("_flush_handle", "_held", "_loop", "_transport")
@@ -60,6 +62,18 @@ class CoalescingTransport:
         self._flush_handle = None
         self.flush()
 
+    def is_closing(self) -> bool:
+        """Whether the transport is closing (uvicorn asks after every answer: here, not through `__getattr__`)."""
+        return self._transport.is_closing()
+
+    def pause_reading(self) -> None:
+        """Stop reading from the socket (uvicorn's flow control)."""
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read from the socket again (uvicorn's flow control)."""
+        self._transport.resume_reading()
+
     def write_eof(self) -> None:
         """Flush, then close the write side."""
         self.flush()
@@ -95,7 +109,8 @@ class HttpProtocol(HttpToolsProtocol):
             super()._start_asgi_task(cycle, app)
             return
         call = self._lane_call = LaneCall(cycle, lane.reads_whole(cycle.scope))  # type: ignore[union-attr, arg-type]
-        call.task = task = self.loop.create_task(lane.serve(call, *target))  # type: ignore[union-attr]
+        # A Task named here: one left unnamed formats its default name ("Task-<n>") as it is created.
+        call.task = task = asyncio.Task(lane.serve(call, *target), loop=self.loop, name="lane")  # type: ignore[union-attr]
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
