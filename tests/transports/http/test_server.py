@@ -107,3 +107,63 @@ def test_what_uvicorn_asks_of_every_request_is_no_failed_lookup(monkeypatch: pyt
     _, received = _run(b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}", b"}")
     assert received.endswith(b'{"ok":true}')
     assert set(through_getattr) <= {"get_extra_info"}, through_getattr  # once per connection, as it opens
+
+
+_REQUEST = b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def _keep_alive_session(pauses: list[float], timeout_s: float) -> tuple[list[bytes], float | None, int]:
+    """On one connection (keep-alive timeout `timeout_s`), a request after each pause: the answers; then, idle,
+    how long after the last answer the server closed the connection (None: not within 10 s); and how many
+    keep-alive timers the server made."""
+    loop = asyncio.get_running_loop()
+    timers = 0
+    call_later = loop.call_later
+
+    def counting_call_later(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        nonlocal timers
+        timers += "keep_alive" in getattr(callback, "__name__", "")
+        return call_later(delay, callback, *args)
+
+    loop.call_later = counting_call_later  # type: ignore[method-assign]
+    server_end, client_end = socket.socketpair()
+    config = Config(_app, log_level="warning", lifespan="off", timeout_keep_alive=timeout_s)  # type: ignore[arg-type]
+    config.load()
+    transport, _ = await loop.connect_accepted_socket(lambda: HttpProtocol(config, ServerState(), {}), server_end)
+    client_end.setblocking(False)
+    answers = []
+    for pause in pauses:
+        await asyncio.sleep(pause)
+        await loop.sock_sendall(client_end, _REQUEST)
+        received = b""
+        while not received.endswith(b"}"):
+            chunk = await asyncio.wait_for(loop.sock_recv(client_end, 65536), 10)
+            assert chunk, f"the server closed the connection after {len(answers)} answers"
+            received += chunk
+        answers.append(received)
+    idle_from = loop.time()
+    try:
+        closed = await asyncio.wait_for(loop.sock_recv(client_end, 65536), 10)
+        assert closed == b""
+        closed_after: float | None = loop.time() - idle_from
+    except TimeoutError:
+        closed_after = None
+    client_end.close()
+    transport.close()
+    await asyncio.sleep(0)
+    return answers, closed_after, timers
+
+
+def test_a_kept_alive_connection_closes_once_idle_for_the_timeout_and_not_before() -> None:
+    # The first timer fires 1.5 s after the first answer, while the connection has been idle for 0.6 s only.
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        answers, closed_after, _ = runner.run(_keep_alive_session([0, 0.9, 0.9], 1.5))
+    assert len(answers) == 3 and all(answer.endswith(b'{"ok":true}') for answer in answers)
+    assert closed_after is not None and 1.4 <= closed_after < 9
+
+
+def test_a_busy_connection_makes_one_keep_alive_timer_not_one_per_answer() -> None:
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        answers, _, timers = runner.run(_keep_alive_session([0] * 20, 0.5))
+    assert len(answers) == 20
+    assert timers <= 2, f"{timers} keep-alive timers for 20 answers"

@@ -138,6 +138,44 @@ class HttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         if self._lane_call is not None:
             self._lane_call.cancel()
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+
+    # Keep-alive: uvicorn makes a timer after every answer and cancels it when the next request's data comes (a
+    # timer made and cancelled per request). Here a connection's timer is made when it turns idle with none armed;
+    # data coming only marks it busy, and a timer that finds the connection busy or idle for less than the timeout
+    # when it fires is made again for what is left (or by the next answer).
+    _idle_since: float | None = None  # the loop's time of the last answer, while no data has come since
+
+    def _unset_keepalive_if_required(self) -> None:
+        """Data came: the connection is not idle."""
+        self._idle_since = None
+
+    def on_response_complete(self) -> None:
+        """As uvicorn: start the next pipelined request, or else the connection is idle from now."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_expired)
+
+    def _keep_alive_expired(self) -> None:
+        """Close the connection if it has been idle for the keep-alive timeout; else wait for what is left."""
+        self.timeout_keep_alive_task = None
+        if self._idle_since is None:
+            return  # busy: its next answer arms the timer
+        left = self._idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_expired)
+        else:
+            self.timeout_keep_alive_handler()
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
