@@ -285,9 +285,12 @@ def test_a_tensor_model_answers_the_request_prefilled_from_its_signature(
     p.locator("#infer-body").wait_for()  # a tensor model: a V2 request prefilled from its signature
     request = json.loads(p.input_value("#infer-body"))
     assert request["inputs"][0]["name"] == "tokens" and request["inputs"][0]["shape"] == [1, 64]
+    assert "curl line" in p.inner_text(".curls")  # before any request: what the panel will show
     p.click("#send-infer")
     answer = json.loads(p.locator("#infer-answer pre").inner_text())
     assert answer["model_name"] == "token_classifier" and answer["outputs"]
+    assert "/v2/models/token_classifier/infer" in p.locator(".curls .curl-line").inner_text()
+    assert p.locator(".curls .hint").count() == 0
     page.expect_clean()
 
 

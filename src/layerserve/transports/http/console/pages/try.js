@@ -16,6 +16,12 @@ function curlBox(line) {
   return h("div", { class: "curl" }, h("pre", { class: "curl-line", text: line }), copy);
 }
 
+// Where an action's curl line goes; until the first, a hint that it will.
+function curlArea() {
+  const hint = "Each request sent from this page shows here as a curl line.";
+  return h("div", { class: "curls" }, h("p", { class: "hint", text: hint }));
+}
+
 function errorBox(error) {
   return h("div", { class: "error", role: "alert", text: error.message });
 }
@@ -88,7 +94,7 @@ function imagePanel(model, version, layerList, query) {
   const frame = h("div", { class: "photo", hidden: true }, photo, overlay);
   const top = h("div", { id: "top-k" });
   const layerOut = h("div", { id: "layer-output" });
-  const curls = h("div");
+  const curls = curlArea();
   const picker = layerPicker(layerList, query.get("layer"));
   let file = null;
 
@@ -165,7 +171,7 @@ function textPanel(model, layerList, query) {
     text: "这个手机很好用，电池也耐用，非常满意\n太差了，用了两天就坏了，客服也不理人" });
   const out = h("div", { id: "text-results" });
   const layerOut = h("div", { id: "layer-output" });
-  const curls = h("div");
+  const curls = curlArea();
   const picker = layerPicker(layerList, query.get("layer"));
   const lines = () => texts.value.split("\n").map((t) => t.trim()).filter(Boolean);
 
@@ -215,7 +221,7 @@ function tensorPanel(model, version, layerList, query) {
   const request = sampleRequest(inputs, outputs.length ? outputs : version.outputs.map((o) => o.name));
   const body = h("textarea", { id: "infer-body", rows: 14, text: JSON.stringify(request, null, 1) });
   const out = h("div", { id: "infer-answer" });
-  const curls = h("div");
+  const curls = curlArea();
 
   async function send() {
     let json;
