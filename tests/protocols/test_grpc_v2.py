@@ -103,10 +103,16 @@ def test_bytes_texts_parameters_and_outputs() -> None:
     request.outputs.add(name="out").parameters["classification"].int64_param = 1
     request.parameters["timeout"].int64_param = 2_500_000  # Triton's microseconds
     request.parameters["cache"].bool_param = False
+    request.outputs[0].parameters["binary_data"].string_param = "no"  # every gRPC output is raw bytes: ignored
     parsed = _checked(request, TEXTS)
     assert list(parsed.inputs["tokens"]) == texts
     assert parsed.timeout_ms == 2500 and parsed.use_cache is False
+    request.parameters["cache"].string_param = "false"
+    with pytest.raises(BadRequestError, match="parameter cache must be true or false, got 'false'"):
+        _checked(request, TEXTS)
+    request.parameters["cache"].bool_param = False
     assert parsed.requested[0].name == "out" and parsed.requested[0].classification == 1
+    assert parsed.requested[0].binary is None
     request.parameters["timeout_ms"].int64_param = 40
     assert _checked(request, TEXTS).timeout_ms == 40
     request.inputs[0].parameters["shared_memory_region"].string_param = "r"

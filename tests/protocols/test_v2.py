@@ -97,6 +97,12 @@ def test_errors_name_the_problem() -> None:
         parse({"inputs": [good], "outputs": [{"name": "t"}, {"name": "t"}]})
     with pytest.raises(BadRequestError, match="non-negative integer"):
         parse({"inputs": [good]}, "-4")
+    with pytest.raises(BadRequestError, match="parameter cache must be true or false, got 'no'"):
+        parse({"inputs": [good], "parameters": {"cache": "no"}})
+    with pytest.raises(BadRequestError, match="parameter binary_data_output must be true or false, got 0"):
+        parse({"inputs": [good], "parameters": {"binary_data_output": 0}})
+    with pytest.raises(BadRequestError, match="output 't': parameter binary_data must be true or false, got 'false'"):
+        parse({"inputs": [good], "outputs": [{"name": "t", "parameters": {"binary_data": "false"}}]})
     bytes_signature = _signature("BYTES")
     header = orjson.dumps(
         {"inputs": [{"name": "t", "shape": [1, 3], "datatype": "BYTES", "parameters": {"binary_data_size": 8}}]}

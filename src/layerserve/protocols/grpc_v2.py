@@ -96,6 +96,14 @@ def _decode_inputs(request: service_pb2.ModelInferRequest, check: v2.CheckDeclar
     return inputs
 
 
+def _output_parameters(parameters: Mapping[str, _Parameter], what: str) -> dict[str, Any]:
+    """An output's parameters, less `binary_data`: every gRPC output is sent as raw bytes, so the flag means
+    nothing here (and is not checked)."""
+    checked = v2.check_parameters(parameters_of(parameters), what)
+    checked.pop("binary_data", None)
+    return checked
+
+
 def _timeout_ms(parameters: dict[str, Any]) -> int | None:
     """Our `timeout_ms`, or Triton's `timeout` (microseconds, as tritonclient sends it)."""
     timeout_ms = v2.timeout_ms_parameter(parameters)
@@ -120,8 +128,7 @@ def parse_model_infer(request: service_pb2.ModelInferRequest, check: v2.CheckDec
         raise BadRequestError("'inputs' must be a non-empty list")
     inputs = _decode_inputs(request, check)
     outputs = tuple(
-        v2.requested_output(o.name, v2.check_parameters(parameters_of(o.parameters), f"output '{o.name}'"))
-        for o in request.outputs
+        v2.requested_output(o.name, _output_parameters(o.parameters, f"output '{o.name}'")) for o in request.outputs
     )
     parameters = v2.check_parameters(parameters_of(request.parameters), "request")
     return InferRequest(
@@ -131,7 +138,7 @@ def parse_model_infer(request: service_pb2.ModelInferRequest, check: v2.CheckDec
         version=v2.parse_version_number(request.model_version),
         id=request.id or None,
         timeout_ms=_timeout_ms(parameters),
-        use_cache=parameters.get("cache", True) is not False,
+        use_cache=v2.bool_parameter(parameters, "cache") is not False,
         binary_output=True,
     )
 

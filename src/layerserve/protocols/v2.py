@@ -201,11 +201,11 @@ def requested_output(name: str, parameters: dict[str, Any]) -> RequestedOutput:
     Raises:
         BadRequestError: classification is not a positive integer.
     """
-    binary = parameters.get("binary_data")
+    binary = bool_parameter(parameters, "binary_data", f"output '{name}': ")
     classes = parameters.get("classification")
     if classes is not None and (type(classes) is not int or classes < 1):
         raise BadRequestError(f"output '{name}': classification must be a positive integer")
-    return RequestedOutput(name, None if binary is None else bool(binary), classes)
+    return RequestedOutput(name, binary, classes)
 
 
 def parse_infer_request(
@@ -263,8 +263,8 @@ def _parse_infer_request(
         version=version,
         id=None if request_id is None else str(request_id),
         timeout_ms=timeout_ms_parameter(parameters),
-        use_cache=parameters.get("cache", True) is not False,
-        binary_output=bool(parameters.get("binary_data_output", False)),
+        use_cache=bool_parameter(parameters, "cache") is not False,
+        binary_output=bool_parameter(parameters, "binary_data_output") is True,
         base64_inputs=frozenset(as_text),
     )
     return parsed, layout, request_id is not None
@@ -439,6 +439,18 @@ def timeout_ms_parameter(parameters: dict[str, Any]) -> int | None:
     if timeout is not None and (type(timeout) is not int or timeout < 1):
         raise BadRequestError(f"parameter timeout_ms must be a positive integer (milliseconds), got {timeout!r}")
     return timeout
+
+
+def bool_parameter(parameters: dict[str, Any], name: str, where: str = "") -> bool | None:
+    """A parameter that is true or false, or None where it is not given (`where` prefixes the error).
+
+    Raises:
+        BadRequestError: given, but not a boolean.
+    """
+    value = parameters.get(name)
+    if value is not None and type(value) is not bool:
+        raise BadRequestError(f"{where}parameter {name} must be true or false, got {value!r}")
+    return value
 
 
 def encode_bytes_elements(array: Array) -> bytes:

@@ -231,6 +231,10 @@ def test_encoded_images_hit_the_cache_before_decoding(demo_server: LiveServer) -
     bypassed = httpx.post(f"{url}&cache=false", content=body, headers=headers).json()["features"]
     assert _hits(demo_server) == before + 1
     np.testing.assert_allclose(np.array(bypassed), np.array(first), atol=1e-5)
+    assert httpx.post(f"{url}&cache=true", content=body, headers=headers).json()["features"] == first
+    assert _hits(demo_server) == before + 2
+    refused = httpx.post(f"{url}&cache=no", content=body, headers=headers)
+    assert refused.status_code == 400 and refused.json() == {"error": "query 'cache' must be true or false, got 'no'"}
 
 
 def test_batch_read_of_stored_features(demo_server: LiveServer) -> None:

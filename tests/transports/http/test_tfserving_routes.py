@@ -64,6 +64,9 @@ def test_predict_errors(server: LiveServer) -> None:
     assert response.status_code == 400 and "missing input(s): tokens" in response.json()["error"]
     response = predict(server, "/v1/models/nope:predict", {"instances": [[1]]})
     assert response.status_code == 404
+    for path in ("/v1/models/mlp:predicts", "/v1/models/mlp", "/v1/models/mlp/versions/1:bogus"):
+        response = predict(server, path, {"instances": [[1]]})
+        assert response.status_code == 405 and ":predict, :classify or :regress" in response.json()["error"], path
 
 
 def test_b64_values_decode_to_bytes() -> None:

@@ -67,6 +67,8 @@ async def _http_error(request: Request, error: Exception) -> Response:
     elif error.status_code == 405:
         allowed = (error.headers or {}).get("Allow", "")
         message = f"method {request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+        if request.method == "POST" and request.url.path.startswith("/v1/models/"):  # a verb missing or mistyped
+            message += " (TF Serving's POST routes end in :predict, :classify or :regress)"
     return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
 
 

@@ -28,8 +28,15 @@ from layerserve.transports.http.v2_routes import parse_version
 
 
 def _use_cache(query: Mapping[str, str]) -> bool:
-    """Query `cache=false` bypasses the feature cache."""
-    return query.get("cache") != "false"
+    """Query `cache=false` bypasses the feature cache (`cache=true`, the default, uses it).
+
+    Raises:
+        BadRequestError: another value.
+    """
+    raw = query.get("cache", "true")
+    if raw not in ("true", "false"):
+        raise BadRequestError(f"query 'cache' must be true or false, got {raw!r}")
+    return raw == "true"
 
 
 def _query_int(query: Mapping[str, str], name: str, default: int | None) -> int | None:
