@@ -100,6 +100,7 @@ async def test_changed_file_is_reloaded_and_removed_version_unloaded(
     shutil.rmtree(repo / "m" / "2")
     await reloader.poll()
     assert list(registry.models["m"].versions) == [1]
+    assert ("m", 2) not in reloader._seen  # what a version looked like while copied in goes with its folder
     with pytest.raises(NotFoundError, match="no loaded version 2"):
         registry.get("m", 2)
 

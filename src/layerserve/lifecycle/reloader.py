@@ -226,6 +226,8 @@ class Reloader:
                 self._seen[(name, number)] = stamp  # new or changed: load once unchanged for one interval
                 continue
             await self._load(entry, number, path, stamp)
+        for key in [key for key in self._seen if key[0] == name and key[1] not in spec.present]:
+            del self._seen[key]  # its folder is gone: a model that gets new versions for ever keeps no trace of each
         # Versions whose folder is gone leave now; those the policy no longer selects stay until every
         # selected version serves, so that a model is never left without one while newer ones load.
         is_complete = all(number in entry.versions and entry.versions[number].is_ready for number in spec.versions)
