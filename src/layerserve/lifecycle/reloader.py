@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from layerserve.engines.process.usage import trim_heap
 from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
 from layerserve.lifecycle.repository import ModelSpec, fingerprint, label_version, model_folders, scan_model, write_pin
 from layerserve.metrics import hold_version_series, release_version_series
@@ -273,7 +274,9 @@ class Reloader:
 
         async def retire() -> None:
             await version.drain()
-            await asyncio.get_running_loop().run_in_executor(None, version.close)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, version.close)
+            await loop.run_in_executor(None, trim_heap)  # off the loop: it walks the whole heap
             log.info("model %s version %d unloaded", version.name, version.version)
 
         task = asyncio.create_task(retire())

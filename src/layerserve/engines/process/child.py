@@ -4,7 +4,6 @@ own; model files hashed at the lowest priority."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import resource
 import signal
@@ -17,7 +16,7 @@ from pathlib import Path
 from layerserve.engines.base import probe_batch
 from layerserve.engines.onnx import OnnxEngine, share_arena
 from layerserve.engines.process.channel import Channel
-from layerserve.engines.process.usage import process_usage
+from layerserve.engines.process.usage import process_usage, trim_heap
 from layerserve.lifecycle.model import file_digest
 from layerserve.tensors import Array, TensorSpec
 
@@ -66,7 +65,7 @@ def _session(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], thread
         elif tag == "release":
             with _low_priority():
                 engine = None  # ORT's destructor: joins the session's threads, returns its memory
-                _trim_heap()
+                trim_heap()
             channel.send("released")
         else:
             channel.send("error", f"unexpected {tag!r} message")
@@ -92,18 +91,12 @@ def _open(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: 
         with _low_priority():
             engine = OnnxEngine(Path(path), inputs, threads, shared_arena=True)
             engine.run(probe_batch(inputs, rows))
-            _trim_heap()  # what parsing the graph took, freed in this thread's malloc arena
+            trim_heap()  # what parsing the graph took, freed in this thread's malloc arena
     except Exception as error:  # ORT raises many kinds; the version shows the message as its FAILED reason.
         channel.send("error", _describe(error))
         return None
     channel.send("ready", max(0, process_usage()[1] - before))
     return engine
-
-
-def _trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc keeps them after a session is freed)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 @contextlib.contextmanager
