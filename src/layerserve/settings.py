@@ -87,6 +87,12 @@ class Settings(BaseModel):
         0.5, ge=0, description="Models whose largest batch runs faster than this run on the event loop (0: never)."
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Largest HTTP request head (request line and headers) accepted (431 above, and the "
+        "connection closes).",
+    )
     compress_min_bytes: int = Field(
         1024,
         ge=0,

@@ -120,6 +120,19 @@ def test_hostile_model_names_in_management_routes(server: LiveServer, name: str,
     assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
 
 
+def test_a_request_head_over_max_header_bytes_is_431_and_the_server_stays_up(server: LiveServer) -> None:
+    body = {"inputs": [X]}
+    padded = {f"x-pad-{i}": "v" * 100 for i in range(700)}  # about 76 KB of headers, over the 64 KiB default
+    with httpx.Client() as client:
+        refused = client.post(f"{server.url}/v2/models/mlp/infer", json=body, headers=padded)
+        assert refused.status_code == 431 and refused.headers["connection"] == "close"
+        assert "max_header_bytes" in refused.json()["error"]
+        # The same headers, fewer of them: served, and the next request on a new connection too.
+        fewer = {name: value for name, value in list(padded.items())[:500]}  # about 54 KB
+        assert client.post(f"{server.url}/v2/models/mlp/infer", json=body, headers=fewer).status_code == 200
+        assert client.get(f"{server.url}/v2/health/live").status_code == 200
+
+
 def test_an_internal_error_is_one_500_logged_once_and_the_connection_stays_usable(
     server: LiveServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

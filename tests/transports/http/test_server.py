@@ -8,7 +8,9 @@ socket object's `send` (uvloop's, the server's loop, write to the descriptor fro
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from layerserve.settings import Settings
 from layerserve.transports.http.server import CoalescingTransport, HttpProtocol
 
 
@@ -46,14 +49,14 @@ class _RecordingSocket(socket.socket):
         return sent
 
 
-async def _exchange(request: bytes, end: bytes) -> tuple[list[bytes], bytes]:
-    """Send one request over a new connection served by HttpProtocol: the server's sends, and what arrived until
-    `end` (or the server closed the connection)."""
+async def _exchange(request: bytes, end: bytes, app: Any = _app) -> tuple[list[bytes], bytes]:
+    """Send one request over a new connection served by HttpProtocol over `app`: the server's sends, and what
+    arrived until `end` (or the server closed the connection)."""
     loop = asyncio.get_running_loop()
     server_end, client_end = socket.socketpair()
     server_side = _RecordingSocket(fileno=server_end.detach())
     server_side.sends = []
-    config = Config(_app, log_level="warning", lifespan="off")
+    config = Config(app, log_level="warning", lifespan="off")
     config.load()
     transport, _ = await loop.connect_accepted_socket(lambda: HttpProtocol(config, ServerState(), {}), server_side)
     client_end.setblocking(False)
@@ -167,3 +170,65 @@ def test_a_busy_connection_makes_one_keep_alive_timer_not_one_per_answer() -> No
         answers, _, timers = runner.run(_keep_alive_session([0] * 20, 0.5))
     assert len(answers) == 20
     assert timers <= 2, f"{timers} keep-alive timers for 20 answers"
+
+
+class _CountingApp:
+    """`_app`, counting the requests that reach it; with `state.runtime.settings` when given settings."""
+
+    def __init__(self, settings: Any = None) -> None:
+        self.calls = 0
+        if settings is not None:
+            self.state = SimpleNamespace(runtime=SimpleNamespace(settings=settings))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.calls += scope["type"] == "http"
+        await _app(scope, receive, send)
+
+
+_REFUSED_END = b'send fewer or shorter headers"}'
+
+
+def _headers(total: int) -> bytes:
+    """Short headers of about `total` bytes in all."""
+    return b"".join(b"x-h%05d: v\r\n" % i for i in range(total // 12))
+
+
+def _exchange_counted(request: bytes, settings: Any = None, end: bytes = _REFUSED_END) -> tuple[bytes, int]:
+    app = _CountingApp(settings)
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        _, received = runner.run(_exchange(request, end, app))
+    return received, app.calls
+
+
+def test_a_head_over_the_limit_is_refused_with_431_and_never_reaches_the_app() -> None:
+    # 80 KB of headers, then a body, all in one send: the head is measured where it ends, not with the body.
+    request = b"POST /infer HTTP/1.1\r\nhost: x\r\n" + _headers(80_000) + b"content-length: 2\r\n\r\n{}"
+    received, calls = _exchange_counted(request)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ") and b"connection: close" in head
+    assert "65536 bytes (max_header_bytes)" in json.loads(body)["error"]
+    assert calls == 0
+
+
+def test_a_header_still_growing_is_refused_before_it_ends() -> None:
+    # The head never ends: without a limit, the server would keep every byte of it and never answer.
+    received, calls = _exchange_counted(b"GET / HTTP/1.1\r\nhost: x\r\nx-long: " + b"a" * 400_000)
+    assert received.startswith(b"HTTP/1.1 431 ") and received.endswith(_REFUSED_END)
+    assert calls == 0
+
+
+def test_a_head_under_the_limit_is_served_with_a_large_body_in_the_same_read() -> None:
+    body = b'"' + b"a" * 300_000 + b'"'
+    request = b"POST /infer HTTP/1.1\r\nhost: x\r\n" + _headers(60_000) + b"content-length: %d\r\n\r\n" % len(body)
+    received, calls = _exchange_counted(request + body, end=b'{"ok":true}')
+    assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b'{"ok":true}')
+    assert calls == 1
+
+
+def test_the_head_limit_is_the_apps_max_header_bytes() -> None:
+    request = b"GET / HTTP/1.1\r\nhost: x\r\n" + _headers(3_000) + b"\r\n"
+    received, calls = _exchange_counted(request, Settings(max_header_bytes=2048))
+    assert received.startswith(b"HTTP/1.1 431 ") and b"2048 bytes (max_header_bytes)" in received
+    assert calls == 0
+    received, calls = _exchange_counted(request, end=b'{"ok":true}')  # the default limit
+    assert received.startswith(b"HTTP/1.1 200 ") and calls == 1

@@ -6,6 +6,10 @@ at `http.response.body`: two `send` system calls, and on loopback two TCP segmen
 they were the largest single cost of a request (docs/design.md). `CoalescingTransport` holds a write until the
 next one, or until the event loop's next turn if none comes first, and sends both with one `writelines` (one
 `writev` in uvloop).
+
+httptools keeps a request's headers, and the pieces of a header not yet ended, in memory until its head ends, and
+uvicorn keeps them as a list: 24 MB of short headers on one connection held 250 MB of the server until the client
+ended them. `HttpProtocol` answers 431 to a head past `max_header_bytes` and closes its connection.
 """
 
 from __future__ import annotations
@@ -13,10 +17,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from layerserve.settings import Settings
 from layerserve.transports.http.direct_lane import DirectLane, LaneCall
+
+DEFAULT_MAX_HEADER_BYTES = Settings.model_fields["max_header_bytes"].default  # for an app that is not layerserve's
+REFUSED_LINGER_S = 2.0  # how long a connection whose head was refused stays open, reading and dropping its bytes
+
+
+class HeadTooLargeError(Exception):
+    """Raised in the parser's callback to stop it at a head over the limit."""
 
 
 class CoalescingTransport:
@@ -94,12 +107,86 @@ class HttpProtocol(HttpToolsProtocol):
 
     _lane: DirectLane | None = None
     _lane_call: LaneCall | None = None  # the connection's lane request now answering (one at a time: see pipeline)
+    _max_head_bytes = DEFAULT_MAX_HEADER_BYTES
+    # Bytes received while a request's head is being read (from the first chunk after the previous message ended;
+    # a chunk that ends one message and begins the next counts for neither, at most uvloop's 256 KiB read).
+    _head_bytes = 0
+    _reading_head = True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Wrap the connection's transport, then set up the connection as uvicorn does."""
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         # The app's lane; none when uvicorn wrapped the app (trace logging) or the app is not layerserve's.
         self._lane = getattr(getattr(self.app, "state", None), "direct_lane", None)
+        settings = _settings_of(self.app)
+        if settings is not None:
+            self._max_head_bytes = settings.max_header_bytes
+
+    def data_received(self, data: bytes) -> None:
+        """As uvicorn; a request whose head is over `max_header_bytes` is answered 431 (checked after each chunk
+        is parsed, so a head is refused within one read of the limit, and exactly where the head ends within a
+        chunk), and what the client sends after it is dropped unread until the connection closes."""
+        if self._reading_head:
+            if self._head_bytes > self._max_head_bytes:
+                return  # refused already
+            self._head_bytes += len(data)
+        self._idle_since = None  # data came: the connection is not idle (uvicorn's _unset_keepalive_if_required)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._reading_head and self._head_bytes > self._max_head_bytes:
+                self._refuse_head()  # on_headers_complete stopped the parser
+                return
+            message = "Invalid HTTP request received."
+            self.logger.warning(message)
+            self.send_400_response(message)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self._reading_head and self._head_bytes > self._max_head_bytes and not self.transport.is_closing():
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        """431 with the error, the write side closed, and the connection closed `REFUSED_LINGER_S` later.
+
+        Closing at once, with the client's unread bytes in the socket, would reset the connection, and a client
+        still sending its head could lose the answer. Pipelined behind an unanswered request, the connection is
+        closed without one: the 431 cannot go before the answer in flight."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()
+            return
+        message = (
+            f"the request line and headers are over the limit of {self._max_head_bytes} bytes (max_header_bytes); "
+            "send fewer or shorter headers"
+        )
+        self.logger.warning("Request head refused: over %d bytes.", self._max_head_bytes)
+        body = orjson.dumps({"error": message})
+        head = [STATUS_LINE[431]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head += (b"content-type: application/json\r\ncontent-length: ", str(len(body)).encode(), b"\r\n")
+        head.append(b"connection: close\r\n\r\n")
+        self.transport.writelines((b"".join(head), body))
+        self.transport.write_eof()
+        self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
+    def on_headers_complete(self) -> None:
+        """The head ended: if it is over the limit, the parser stops (data_received answers 431); else as uvicorn.
+
+        The chunks counted may hold a body after the head: only then is the head measured itself."""
+        if self._head_bytes > self._max_head_bytes and self._head_size() > self._max_head_bytes:
+            raise HeadTooLargeError
+        self._reading_head, self._head_bytes = False, 0
+        super().on_headers_complete()
+
+    def _head_size(self) -> int:
+        """The bytes of the request line and headers just parsed (the line's method and version counted as the
+        longest)."""
+        return len(self.url) + 20 + sum(len(name) + len(value) + 4 for name, value in self.headers)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         """Start the request's lane task, or (not a lane request) its ASGI task as uvicorn does."""
@@ -126,6 +213,7 @@ class HttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         """As uvicorn, after joining a whole-read body's pieces: one copy for a body read in several, none for one
         read at once (uvicorn grows a bytearray, then copies it into the message's bytes)."""
+        self._reading_head = True  # what comes next is the next request's head
         call = self._lane_call
         if call is not None and call.parts and call.cycle is self.cycle:
             parts, call.parts = call.parts, []
@@ -176,6 +264,16 @@ class HttpProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_expired)
         else:
             self.timeout_keep_alive_handler()
+
+
+def _settings_of(app: Any) -> Settings | None:
+    """The settings of a layerserve app, also under the middleware uvicorn may wrap it in; None for another app."""
+    for _ in range(4):
+        runtime = getattr(getattr(app, "state", None), "runtime", None)
+        if runtime is not None:
+            return runtime.settings  # type: ignore[no-any-return]
+        app = getattr(app, "app", None)
+    return None
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
