@@ -87,6 +87,12 @@ class Settings(BaseModel):
         0.5, ge=0, description="Models whose largest batch runs faster than this run on the event loop (0: never)."
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
+    header_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long an HTTP request's line and headers may take to arrive, from their first byte (408 "
+        "after, and the connection closes).",
+    )
     max_header_bytes: int = Field(
         64 * 1024,
         ge=1024,

@@ -232,3 +232,46 @@ def test_the_head_limit_is_the_apps_max_header_bytes() -> None:
     assert calls == 0
     received, calls = _exchange_counted(request, end=b'{"ok":true}')  # the default limit
     assert received.startswith(b"HTTP/1.1 200 ") and calls == 1
+
+
+def test_a_head_still_coming_after_header_timeout_s_is_refused_with_408() -> None:
+    # A header now and then would keep the connection for as long as the client liked: a head has a deadline.
+    received, calls = _exchange_counted(
+        b"GET / HTTP/1.1\r\nhost: x\r\n", Settings(header_timeout_s=0.3), end=b'(header_timeout_s)"}'
+    )
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head
+    assert "within 0.3 s" in json.loads(body)["error"]
+    assert calls == 0
+
+
+async def _paced(app: Any, pieces: list[tuple[float, bytes]], answers: int) -> list[bytes]:
+    """Send each piece after its pause on one connection served by HttpProtocol over `app`; `answers` answers."""
+    loop = asyncio.get_running_loop()
+    server_end, client_end = socket.socketpair()
+    config = Config(app, log_level="warning", lifespan="off")
+    config.load()
+    transport, _ = await loop.connect_accepted_socket(lambda: HttpProtocol(config, ServerState(), {}), server_end)
+    client_end.setblocking(False)
+    for pause, piece in pieces:
+        await asyncio.sleep(pause)
+        await loop.sock_sendall(client_end, piece)
+    received = b""
+    while received.count(b"HTTP/1.1 ") < answers or not received.endswith(b"}"):
+        chunk = await asyncio.wait_for(loop.sock_recv(client_end, 65536), 10)
+        assert chunk, f"the server closed the connection: {received!r}"
+        received += chunk
+    client_end.close()
+    transport.close()
+    await asyncio.sleep(0)
+    return [b"HTTP/1.1 " + answer for answer in received.split(b"HTTP/1.1 ")[1:]]
+
+
+def test_a_slow_head_within_header_timeout_s_and_an_idle_connection_past_it_are_served() -> None:
+    # The head arrives in pieces within the timeout; then the kept-alive connection idles for longer than the
+    # timeout (idle is the keep-alive timeout's business) before the next request.
+    pieces = [(0.0, b"POST /infer HTTP/1.1\r\n"), (0.15, b"host: x\r\n"), (0.15, b"content-length: 2\r\n\r\n{}")]
+    pieces += [(0.6, _REQUEST)]
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        answers = runner.run(_paced(_CountingApp(Settings(header_timeout_s=0.4)), pieces, 2))
+    assert len(answers) == 2 and all(a.startswith(b"HTTP/1.1 200 ") and a.endswith(b'{"ok":true}') for a in answers)

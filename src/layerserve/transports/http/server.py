@@ -9,7 +9,9 @@ next one, or until the event loop's next turn if none comes first, and sends bot
 
 httptools keeps a request's headers, and the pieces of a header not yet ended, in memory until its head ends, and
 uvicorn keeps them as a list: 24 MB of short headers on one connection held 250 MB of the server until the client
-ended them. `HttpProtocol` answers 431 to a head past `max_header_bytes` and closes its connection.
+ended them. `HttpProtocol` answers 431 to a head past `max_header_bytes` and closes its connection; and 408 to a head
+still coming `header_timeout_s` after its first byte (a client sending a header byte now and then kept its
+connection, and a file descriptor, for as long as it liked: the keep-alive timeout counts idle connections only).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from layerserve.settings import Settings
 from layerserve.transports.http.direct_lane import DirectLane, LaneCall
 
-DEFAULT_MAX_HEADER_BYTES = Settings.model_fields["max_header_bytes"].default  # for an app that is not layerserve's
+# For an app that is not layerserve's:
+DEFAULT_MAX_HEADER_BYTES = Settings.model_fields["max_header_bytes"].default
+DEFAULT_HEADER_TIMEOUT_S = Settings.model_fields["header_timeout_s"].default
 REFUSED_LINGER_S = 2.0  # how long a connection whose head was refused stays open, reading and dropping its bytes
 
 
@@ -108,10 +112,15 @@ class HttpProtocol(HttpToolsProtocol):
     _lane: DirectLane | None = None
     _lane_call: LaneCall | None = None  # the connection's lane request now answering (one at a time: see pipeline)
     _max_head_bytes = DEFAULT_MAX_HEADER_BYTES
+    _head_timeout_s = DEFAULT_HEADER_TIMEOUT_S
     # Bytes received while a request's head is being read (from the first chunk after the previous message ended;
-    # a chunk that ends one message and begins the next counts for neither, at most uvloop's 256 KiB read).
+    # a chunk that ends one message and begins the next counts for neither, at most uvloop's 256 KiB read), and the
+    # loop's time at the first of them.
     _head_bytes = 0
+    _head_started = 0.0
+    _head_timer: asyncio.TimerHandle | None = None  # one per connection, armed while a head is coming
     _reading_head = True
+    _refused = False  # a head was refused (431, 408): what the client sends is dropped until the connection closes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Wrap the connection's transport, then set up the connection as uvicorn does."""
@@ -120,22 +129,27 @@ class HttpProtocol(HttpToolsProtocol):
         self._lane = getattr(getattr(self.app, "state", None), "direct_lane", None)
         settings = _settings_of(self.app)
         if settings is not None:
-            self._max_head_bytes = settings.max_header_bytes
+            self._max_head_bytes, self._head_timeout_s = settings.max_header_bytes, settings.header_timeout_s
 
     def data_received(self, data: bytes) -> None:
         """As uvicorn; a request whose head is over `max_header_bytes` is answered 431 (checked after each chunk
         is parsed, so a head is refused within one read of the limit, and exactly where the head ends within a
-        chunk), and what the client sends after it is dropped unread until the connection closes."""
+        chunk), one still coming `header_timeout_s` after its first byte 408, and what the client sends after
+        either is dropped unread until the connection closes."""
         if self._reading_head:
-            if self._head_bytes > self._max_head_bytes:
-                return  # refused already
+            if self._refused:
+                return
+            if not self._head_bytes:  # a head begins
+                self._head_started = self.loop.time()
+                if self._head_timer is None:
+                    self._head_timer = self.loop.call_later(self._head_timeout_s, self._head_timer_fired)
             self._head_bytes += len(data)
         self._idle_since = None  # data came: the connection is not idle (uvicorn's _unset_keepalive_if_required)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             if self._reading_head and self._head_bytes > self._max_head_bytes:
-                self._refuse_head()  # on_headers_complete stopped the parser
+                self._refuse_head(431, self._too_large())  # on_headers_complete stopped the parser
                 return
             message = "Invalid HTTP request received."
             self.logger.warning(message)
@@ -148,24 +162,45 @@ class HttpProtocol(HttpToolsProtocol):
                 self._unsupported_upgrade_warning()
             return
         if self._reading_head and self._head_bytes > self._max_head_bytes and not self.transport.is_closing():
-            self._refuse_head()
+            self._refuse_head(431, self._too_large())
 
-    def _refuse_head(self) -> None:
-        """431 with the error, the write side closed, and the connection closed `REFUSED_LINGER_S` later.
-
-        Closing at once, with the client's unread bytes in the socket, would reset the connection, and a client
-        still sending its head could lose the answer. Pipelined behind an unanswered request, the connection is
-        closed without one: the 431 cannot go before the answer in flight."""
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.transport.close()
-            return
-        message = (
+    def _too_large(self) -> str:
+        return (
             f"the request line and headers are over the limit of {self._max_head_bytes} bytes (max_header_bytes); "
             "send fewer or shorter headers"
         )
-        self.logger.warning("Request head refused: over %d bytes.", self._max_head_bytes)
+
+    def _head_timer_fired(self) -> None:
+        """408 if a head has been coming for `header_timeout_s`; else the timer again while one comes.
+
+        One timer per connection, made when a head begins with none armed: not one made and cancelled per
+        request."""
+        self._head_timer = None
+        if not self._reading_head or not self._head_bytes or self._refused or self.transport.is_closing():
+            return  # no head coming: the next one arms the timer
+        left = self._head_started + self._head_timeout_s - self.loop.time()
+        if left > 0:
+            self._head_timer = self.loop.call_later(left, self._head_timer_fired)
+            return
+        self._refuse_head(
+            408,
+            f"the request line and headers did not arrive within {self._head_timeout_s:g} s of their first byte "
+            "(header_timeout_s)",
+        )
+
+    def _refuse_head(self, status: int, message: str) -> None:
+        """`status` with the error, the write side closed, and the connection closed `REFUSED_LINGER_S` later.
+
+        Closing at once, with the client's unread bytes in the socket, would reset the connection, and a client
+        still sending its head could lose the answer. Pipelined behind an unanswered request, the connection is
+        closed without one: the answer cannot go before the one in flight."""
+        self._refused = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()
+            return
+        self.logger.warning("Request head refused (%d): %s", status, message)
         body = orjson.dumps({"error": message})
-        head = [STATUS_LINE[431]]
+        head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += (name, b": ", value, b"\r\n")
         head += (b"content-type: application/json\r\ncontent-length: ", str(len(body)).encode(), b"\r\n")
@@ -226,6 +261,9 @@ class HttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         if self._lane_call is not None:
             self._lane_call.cancel()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         if self.timeout_keep_alive_task is not None:
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
