@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import struct
 from typing import Any
 
@@ -131,6 +132,37 @@ def test_a_request_head_over_max_header_bytes_is_431_and_the_server_stays_up(ser
         fewer = {name: value for name, value in list(padded.items())[:500]}  # about 54 KB
         assert client.post(f"{server.url}/v2/models/mlp/infer", json=body, headers=fewer).status_code == 200
         assert client.get(f"{server.url}/v2/health/live").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("case", "head", "mentions"),
+    [
+        (
+            "Content-Length and Transfer-Encoding",
+            b"content-length: 4\r\ntransfer-encoding: chunked\r\n",
+            "Transfer-Encoding",
+        ),
+        ("two Content-Lengths", b"content-length: 2\r\ncontent-length: 3\r\n", "Duplicate Content-Length"),
+        ("a negative Content-Length", b"content-length: -1\r\n", "Content-Length"),
+        ("a folded header", b"x-a: a\r\n b\r\n", "whitespace"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_malformed_http_is_a_json_400_naming_what_is_wrong(
+    server: LiveServer, case: str, head: bytes, mentions: str
+) -> None:
+    host, port = server.host_port.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nhost: x\r\n" + head + b"\r\n{}\r\n")
+        answer = b""
+        while not answer.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400 "), (case, answer)
+    assert mentions in json.loads(body)["error"], (case, body)
+    assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
 
 
 def test_an_internal_error_is_one_500_logged_once_and_the_connection_stays_usable(

@@ -275,3 +275,38 @@ def test_a_slow_head_within_header_timeout_s_and_an_idle_connection_past_it_are_
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         answers = runner.run(_paced(_CountingApp(Settings(header_timeout_s=0.4)), pieces, 2))
     assert len(answers) == 2 and all(a.startswith(b"HTTP/1.1 200 ") and a.endswith(b'{"ok":true}') for a in answers)
+
+
+def test_bytes_that_are_not_http_get_a_400_naming_what_the_parser_found() -> None:
+    # Content-Length beside Transfer-Encoding: the request smuggling shape; refused before the app sees it.
+    request = b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"
+    received, calls = _exchange_counted(request, end=b'"}')
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"connection: close" in head
+    assert (
+        json.loads(body)["error"]
+        == "malformed HTTP/1.1 request: Transfer-Encoding can't be present with Content-Length"
+    )
+    assert calls == 0
+
+
+def test_a_malformed_body_is_answered_once_and_its_route_sees_the_client_gone() -> None:
+    request = b"POST /infer HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+    received, calls = _exchange_counted(request, end=b"never: until the server closes")
+    assert received.count(b"\r\n\r\n") == 1 and received.startswith(b"HTTP/1.1 400 ")
+    assert b"Invalid character in chunk size" in received
+    assert calls == 1  # its head was fine: the app began, and its read ended with the client gone
+
+
+def test_a_callback_that_fails_is_a_500_and_logged(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def failing(self: HttpProtocol, cycle: Any, app: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(HttpProtocol, "_start_asgi_task", failing)
+    received, calls = _exchange_counted(_REQUEST, end=b'"}')
+    assert received.startswith(b"HTTP/1.1 500 ") and b"internal error" in received
+    assert calls == 0
+    logged = capsys.readouterr().err  # uvicorn's loggers write there and do not propagate
+    assert "HTTP request parse failed in a callback" in logged and "RuntimeError: a bug" in logged

@@ -120,7 +120,7 @@ class HttpProtocol(HttpToolsProtocol):
     _head_started = 0.0
     _head_timer: asyncio.TimerHandle | None = None  # one per connection, armed while a head is coming
     _reading_head = True
-    _refused = False  # a head was refused (431, 408): what the client sends is dropped until the connection closes
+    _refused = False  # a request was refused (400, 408, 431): what the client sends is dropped until the close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Wrap the connection's transport, then set up the connection as uvicorn does."""
@@ -132,13 +132,14 @@ class HttpProtocol(HttpToolsProtocol):
             self._max_head_bytes, self._head_timeout_s = settings.max_header_bytes, settings.header_timeout_s
 
     def data_received(self, data: bytes) -> None:
-        """As uvicorn; a request whose head is over `max_header_bytes` is answered 431 (checked after each chunk
-        is parsed, so a head is refused within one read of the limit, and exactly where the head ends within a
-        chunk), one still coming `header_timeout_s` after its first byte 408, and what the client sends after
-        either is dropped unread until the connection closes."""
+        """As uvicorn, but bytes that are not HTTP/1.1 are answered 400 with the parser's reason (uvicorn answered
+        "Invalid HTTP request received." in plain text), a request whose head is over `max_header_bytes` 431
+        (checked after each chunk is parsed, so a head is refused within one read of the limit, and exactly where
+        the head ends within a chunk), one still coming `header_timeout_s` after its first byte 408; what the
+        client sends after any of them is dropped unread until the connection closes."""
+        if self._refused:
+            return
         if self._reading_head:
-            if self._refused:
-                return
             if not self._head_bytes:  # a head begins
                 self._head_started = self.loop.time()
                 if self._head_timer is None:
@@ -147,13 +148,11 @@ class HttpProtocol(HttpToolsProtocol):
         self._idle_since = None  # data came: the connection is not idle (uvicorn's _unset_keepalive_if_required)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as error:
             if self._reading_head and self._head_bytes > self._max_head_bytes:
-                self._refuse_head(431, self._too_large())  # on_headers_complete stopped the parser
-                return
-            message = "Invalid HTTP request received."
-            self.logger.warning(message)
-            self.send_400_response(message)
+                self._refuse(431, self._too_large())  # on_headers_complete stopped the parser
+            else:
+                self._refuse_malformed(error)
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -162,7 +161,17 @@ class HttpProtocol(HttpToolsProtocol):
                 self._unsupported_upgrade_warning()
             return
         if self._reading_head and self._head_bytes > self._max_head_bytes and not self.transport.is_closing():
-            self._refuse_head(431, self._too_large())
+            self._refuse(431, self._too_large())
+
+    def _refuse_malformed(self, error: httptools.HttpParserError) -> None:
+        """400 naming what the parser found wrong (uvicorn answered "Invalid HTTP request received." in plain
+        text); a callback's own failure other than the parser's (a bug) is logged and answered 500."""
+        cause = error.__context__ if isinstance(error, httptools.HttpParserCallbackError) else error
+        if cause is None or isinstance(cause, httptools.HttpParserError):
+            self._refuse(400, f"malformed HTTP/1.1 request: {cause or error}")
+            return
+        self.logger.error("HTTP request parse failed in a callback", exc_info=cause)
+        self._refuse(500, "internal error (logged): the request could not be parsed")
 
     def _too_large(self) -> str:
         return (
@@ -182,23 +191,30 @@ class HttpProtocol(HttpToolsProtocol):
         if left > 0:
             self._head_timer = self.loop.call_later(left, self._head_timer_fired)
             return
-        self._refuse_head(
+        self._refuse(
             408,
             f"the request line and headers did not arrive within {self._head_timeout_s:g} s of their first byte "
             "(header_timeout_s)",
         )
 
-    def _refuse_head(self, status: int, message: str) -> None:
-        """`status` with the error, the write side closed, and the connection closed `REFUSED_LINGER_S` later.
+    def _refuse(self, status: int, message: str) -> None:
+        """A request the connection cannot go on after (a head over the limit or too slow, bytes that are not
+        HTTP): `status` with the error, the write side closed, and the connection closed `REFUSED_LINGER_S`
+        later, what the client still sends dropped unread.
 
         Closing at once, with the client's unread bytes in the socket, would reset the connection, and a client
-        still sending its head could lose the answer. Pipelined behind an unanswered request, the connection is
-        closed without one: the answer cannot go before the one in flight."""
+        still sending could lose the answer. Pipelined behind an unanswered request (or in the middle of an
+        answer), the connection is closed without one: the answer cannot go before the one in flight. A request
+        whose own body is malformed gets the answer, and its route sees the client gone."""
         self._refused = True
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.transport.close()
-            return
-        self.logger.warning("Request head refused (%d): %s", status, message)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if self._reading_head or cycle.response_started:
+                self.transport.close()
+                return
+            cycle.disconnected = True  # as uvicorn marks a lost connection: the route's next read ends it
+            cycle.message_event.set()
+        self.logger.warning("Request refused (%d): %s", status, message)
         body = orjson.dumps({"error": message})
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
