@@ -93,6 +93,12 @@ class Settings(BaseModel):
         description="How long an HTTP request's line and headers may take to arrive, from their first byte (408 "
         "after, and the connection closes).",
     )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long an HTTP request's body may bring no byte while the server reads it (408 after, and "
+        "the connection closes).",
+    )
     max_header_bytes: int = Field(
         64 * 1024,
         ge=1024,

@@ -173,16 +173,32 @@ def test_a_busy_connection_makes_one_keep_alive_timer_not_one_per_answer() -> No
 
 
 class _CountingApp:
-    """`_app`, counting the requests that reach it; with `state.runtime.settings` when given settings."""
+    """`_app` after reading the whole body, counting the requests that reach it and those whose client left while
+    it read; with `state.runtime.settings` when given settings."""
 
     def __init__(self, settings: Any = None) -> None:
-        self.calls = 0
+        self.calls = self.disconnects = 0
         if settings is not None:
             self.state = SimpleNamespace(runtime=SimpleNamespace(settings=settings))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.calls += scope["type"] == "http"
-        await _app(scope, receive, send)
+        if scope["type"] != "http":
+            return
+        self.calls += 1
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnects += 1
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+
+        async def whole() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await _app(scope, whole, send)
 
 
 _REFUSED_END = b'send fewer or shorter headers"}'
@@ -194,10 +210,16 @@ def _headers(total: int) -> bytes:
 
 
 def _exchange_counted(request: bytes, settings: Any = None, end: bytes = _REFUSED_END) -> tuple[bytes, int]:
+    """What arrived for `request` (see `_exchange`), and how many requests reached the app."""
+    received, app = _exchange_app(request, settings, end)
+    return received, app.calls
+
+
+def _exchange_app(request: bytes, settings: Any = None, end: bytes = _REFUSED_END) -> tuple[bytes, _CountingApp]:
     app = _CountingApp(settings)
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         _, received = runner.run(_exchange(request, end, app))
-    return received, app.calls
+    return received, app
 
 
 def test_a_head_over_the_limit_is_refused_with_431_and_never_reaches_the_app() -> None:
@@ -292,10 +314,10 @@ def test_bytes_that_are_not_http_get_a_400_naming_what_the_parser_found() -> Non
 
 def test_a_malformed_body_is_answered_once_and_its_route_sees_the_client_gone() -> None:
     request = b"POST /infer HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
-    received, calls = _exchange_counted(request, end=b"never: until the server closes")
+    received, app = _exchange_app(request, end=b"never: until the server closes")
     assert received.count(b"\r\n\r\n") == 1 and received.startswith(b"HTTP/1.1 400 ")
     assert b"Invalid character in chunk size" in received
-    assert calls == 1  # its head was fine: the app began, and its read ended with the client gone
+    assert (app.calls, app.disconnects) == (1, 1)  # its head was fine: its read ended with the client gone
 
 
 def test_a_callback_that_fails_is_a_500_and_logged(
@@ -310,3 +332,22 @@ def test_a_callback_that_fails_is_a_500_and_logged(
     assert calls == 0
     logged = capsys.readouterr().err  # uvicorn's loggers write there and do not propagate
     assert "HTTP request parse failed in a callback" in logged and "RuntimeError: a bug" in logged
+
+
+def test_a_body_that_stops_for_body_timeout_s_is_refused_with_408_and_its_route_sees_the_client_gone() -> None:
+    # A complete head, then a body that stops: without a deadline, the connection would be held forever.
+    request = b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{}"
+    received, app = _exchange_app(request, Settings(body_timeout_s=0.3), end=b'(body_timeout_s)"}')
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head
+    assert "no byte of it came for 0.3 s" in json.loads(body)["error"]
+    assert (app.calls, app.disconnects) == (1, 1)  # its route's read ended with the client gone: no second answer
+
+
+def test_a_slow_body_that_keeps_coming_is_served() -> None:
+    body = b'"' + b"a" * 8 + b'"'
+    pieces = [(0.0, b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body))]
+    pieces += [(0.2, body[i : i + 2]) for i in range(0, len(body), 2)]  # 1 s in all, a piece every 0.2 s
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        answers = runner.run(_paced(_CountingApp(Settings(body_timeout_s=0.4, header_timeout_s=0.4)), pieces, 1))
+    assert len(answers) == 1 and answers[0].startswith(b"HTTP/1.1 200 ")

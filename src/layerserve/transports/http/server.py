@@ -11,7 +11,9 @@ httptools keeps a request's headers, and the pieces of a header not yet ended, i
 uvicorn keeps them as a list: 24 MB of short headers on one connection held 250 MB of the server until the client
 ended them. `HttpProtocol` answers 431 to a head past `max_header_bytes` and closes its connection; and 408 to a head
 still coming `header_timeout_s` after its first byte (a client sending a header byte now and then kept its
-connection, and a file descriptor, for as long as it liked: the keep-alive timeout counts idle connections only).
+connection, and a file descriptor, for as long as it liked: the keep-alive timeout counts idle connections only);
+and 408 to a body from which nothing came for `body_timeout_s` while the server read it (a complete head, then a
+stalled body, held a connection forever too).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from layerserve.transports.http.direct_lane import DirectLane, LaneCall
 # For an app that is not layerserve's:
 DEFAULT_MAX_HEADER_BYTES = Settings.model_fields["max_header_bytes"].default
 DEFAULT_HEADER_TIMEOUT_S = Settings.model_fields["header_timeout_s"].default
+DEFAULT_BODY_TIMEOUT_S = Settings.model_fields["body_timeout_s"].default
 REFUSED_LINGER_S = 2.0  # how long a connection whose head was refused stays open, reading and dropping its bytes
 
 
@@ -118,8 +121,10 @@ class HttpProtocol(HttpToolsProtocol):
     # loop's time at the first of them.
     _head_bytes = 0
     _head_started = 0.0
-    _head_timer: asyncio.TimerHandle | None = None  # one per connection, armed while a head is coming
+    _read_timer: asyncio.TimerHandle | None = None  # one per connection, armed while a request is coming
     _reading_head = True
+    _body_timeout_s = DEFAULT_BODY_TIMEOUT_S
+    _body_since: float | None = None  # while a request's body is coming: the loop's time of its last bytes
     _refused = False  # a request was refused (400, 408, 431): what the client sends is dropped until the close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -130,21 +135,26 @@ class HttpProtocol(HttpToolsProtocol):
         settings = _settings_of(self.app)
         if settings is not None:
             self._max_head_bytes, self._head_timeout_s = settings.max_header_bytes, settings.header_timeout_s
+            self._body_timeout_s = settings.body_timeout_s
 
     def data_received(self, data: bytes) -> None:
         """As uvicorn, but bytes that are not HTTP/1.1 are answered 400 with the parser's reason (uvicorn answered
         "Invalid HTTP request received." in plain text), a request whose head is over `max_header_bytes` 431
         (checked after each chunk is parsed, so a head is refused within one read of the limit, and exactly where
-        the head ends within a chunk), one still coming `header_timeout_s` after its first byte 408; what the
-        client sends after any of them is dropped unread until the connection closes."""
+        the head ends within a chunk), one still coming `header_timeout_s` after its first byte 408, as is a body
+        from which nothing came for `body_timeout_s`; what the client sends after any of them is dropped unread
+        until the connection closes."""
         if self._refused:
             return
         if self._reading_head:
             if not self._head_bytes:  # a head begins
                 self._head_started = self.loop.time()
-                if self._head_timer is None:
-                    self._head_timer = self.loop.call_later(self._head_timeout_s, self._head_timer_fired)
+                if self._read_timer is None:
+                    period = min(self._head_timeout_s, self._body_timeout_s)  # a body may follow before it fires
+                    self._read_timer = self.loop.call_later(period, self._read_timer_fired)
             self._head_bytes += len(data)
+        elif self._body_since is not None:
+            self._body_since = self.loop.time()
         self._idle_since = None  # data came: the connection is not idle (uvicorn's _unset_keepalive_if_required)
         try:
             self.parser.feed_data(data)
@@ -179,23 +189,37 @@ class HttpProtocol(HttpToolsProtocol):
             "send fewer or shorter headers"
         )
 
-    def _head_timer_fired(self) -> None:
-        """408 if a head has been coming for `header_timeout_s`; else the timer again while one comes.
+    def _read_timer_fired(self) -> None:
+        """408 if a head has been coming for `header_timeout_s`, or a body has brought nothing for `body_timeout_s`
+        (while the server reads it); else the timer again while a request comes.
 
         One timer per connection, made when a head begins with none armed: not one made and cancelled per
-        request."""
-        self._head_timer = None
-        if not self._reading_head or not self._head_bytes or self._refused or self.transport.is_closing():
-            return  # no head coming: the next one arms the timer
-        left = self._head_started + self._head_timeout_s - self.loop.time()
-        if left > 0:
-            self._head_timer = self.loop.call_later(left, self._head_timer_fired)
+        request. It fires at least every `min(header_timeout_s, body_timeout_s)` while a request comes, so a
+        deadline is enforced within that much of its passing."""
+        self._read_timer = None
+        if self._refused or self.transport.is_closing():
             return
-        self._refuse(
-            408,
-            f"the request line and headers did not arrive within {self._head_timeout_s:g} s of their first byte "
-            "(header_timeout_s)",
-        )
+        now = self.loop.time()
+        if self._reading_head and self._head_bytes:
+            left = self._head_started + self._head_timeout_s - now
+            message = (
+                f"the request line and headers did not arrive within {self._head_timeout_s:g} s of their first byte "
+                "(header_timeout_s)"
+            )
+        elif self._body_since is not None:
+            if self.cycle is not None and self.cycle.response_complete:
+                return  # answered without its whole body (a 413 from the header): idle, if anything, from here
+            if self.flow.read_paused:  # the server is not reading: the client is not late
+                self._body_since = now
+            left = self._body_since + self._body_timeout_s - now
+            message = f"the request body stopped: no byte of it came for {self._body_timeout_s:g} s (body_timeout_s)"
+        else:
+            return  # no request coming: the next head arms the timer
+        if left > 0:
+            period = min(self._head_timeout_s, self._body_timeout_s)
+            self._read_timer = self.loop.call_later(min(left, period), self._read_timer_fired)
+        else:
+            self._refuse(408, message)
 
     def _refuse(self, status: int, message: str) -> None:
         """A request the connection cannot go on after (a head over the limit or too slow, bytes that are not
@@ -231,7 +255,7 @@ class HttpProtocol(HttpToolsProtocol):
         The chunks counted may hold a body after the head: only then is the head measured itself."""
         if self._head_bytes > self._max_head_bytes and self._head_size() > self._max_head_bytes:
             raise HeadTooLargeError
-        self._reading_head, self._head_bytes = False, 0
+        self._reading_head, self._head_bytes, self._body_since = False, 0, self.loop.time()
         super().on_headers_complete()
 
     def _head_size(self) -> int:
@@ -264,7 +288,7 @@ class HttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         """As uvicorn, after joining a whole-read body's pieces: one copy for a body read in several, none for one
         read at once (uvicorn grows a bytearray, then copies it into the message's bytes)."""
-        self._reading_head = True  # what comes next is the next request's head
+        self._reading_head, self._body_since = True, None  # what comes next is the next request's head
         call = self._lane_call
         if call is not None and call.parts and call.cycle is self.cycle:
             parts, call.parts = call.parts, []
@@ -277,9 +301,9 @@ class HttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         if self._lane_call is not None:
             self._lane_call.cancel()
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
         if self.timeout_keep_alive_task is not None:
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
