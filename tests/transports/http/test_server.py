@@ -351,3 +351,41 @@ def test_a_slow_body_that_keeps_coming_is_served() -> None:
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         answers = runner.run(_paced(_CountingApp(Settings(body_timeout_s=0.4, header_timeout_s=0.4)), pieces, 1))
     assert len(answers) == 1 and answers[0].startswith(b"HTTP/1.1 200 ")
+
+
+_CHUNKED = b"POST /infer HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+
+
+def _paced_answer(settings: Settings, pieces: list[tuple[float, bytes]]) -> tuple[bytes, dict[str, Any]]:
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        (answer,) = runner.run(_paced(_CountingApp(settings), pieces, 1))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, json.loads(body)
+
+
+def test_a_chunked_bodys_trailer_fields_count_as_headers() -> None:
+    # uvicorn appended every trailer field to the request's headers, without a limit.
+    trailers = _headers(3_000) + b"\r\n"
+    head, error = _paced_answer(Settings(max_header_bytes=2048), [(0.0, _CHUNKED), (0.05, trailers)])
+    assert head.startswith(b"HTTP/1.1 431 ") and "trailer fields count as headers" in error["error"]
+
+
+def test_a_trailer_field_that_never_ends_is_refused_with_413() -> None:
+    # httptools keeps a field's pieces until it ends: the bytes of a body, its framing and trailers are bounded.
+    settings = Settings(max_body_bytes=4096, max_header_bytes=2048)
+    head, error = _paced_answer(settings, [(0.0, _CHUNKED), (0.05, b"x-t: " + b"a" * 10_000)])
+    assert head.startswith(b"HTTP/1.1 413 ") and "(max_body_bytes + max_header_bytes)" in error["error"]
+
+
+async def _slow_app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "http" and scope["path"] == "/slow":
+        await asyncio.sleep(0.3)
+    await _app(scope, receive, send)
+
+
+def test_a_malformed_request_pipelined_behind_one_in_flight_never_answers_in_its_place() -> None:
+    slow = b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+    bad = b"POST /infer HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        _, received = runner.run(_exchange(slow + bad, b"never: until the server closes", _slow_app))
+    assert b" 400 " not in received  # the 400 would have been taken for the slow request's answer

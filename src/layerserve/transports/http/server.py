@@ -9,7 +9,10 @@ next one, or until the event loop's next turn if none comes first, and sends bot
 
 httptools keeps a request's headers, and the pieces of a header not yet ended, in memory until its head ends, and
 uvicorn keeps them as a list: 24 MB of short headers on one connection held 250 MB of the server until the client
-ended them. `HttpProtocol` answers 431 to a head past `max_header_bytes` and closes its connection; and 408 to a head
+ended them. `HttpProtocol` answers 431 to a head past `max_header_bytes` (a chunked body's trailer fields, which
+uvicorn added to the headers, count too) and closes its connection; 413 to a body whose bytes with their chunk
+framing and trailers pass `max_body_bytes` + `max_header_bytes`; 400 with the parser's reason to bytes that are
+not HTTP/1.1; and 408 to a head
 still coming `header_timeout_s` after its first byte (a client sending a header byte now and then kept its
 connection, and a file descriptor, for as long as it liked: the keep-alive timeout counts idle connections only);
 and 408 to a body from which nothing came for `body_timeout_s` while the server read it (a complete head, then a
@@ -32,11 +35,29 @@ from layerserve.transports.http.direct_lane import DirectLane, LaneCall
 DEFAULT_MAX_HEADER_BYTES = Settings.model_fields["max_header_bytes"].default
 DEFAULT_HEADER_TIMEOUT_S = Settings.model_fields["header_timeout_s"].default
 DEFAULT_BODY_TIMEOUT_S = Settings.model_fields["body_timeout_s"].default
+DEFAULT_MAX_BODY_BYTES = Settings.model_fields["max_body_bytes"].default
 REFUSED_LINGER_S = 2.0  # how long a connection whose head was refused stays open, reading and dropping its bytes
 
 
 class HeadTooLargeError(Exception):
-    """Raised in the parser's callback to stop it at a head over the limit."""
+    """Raised in the parser's callback to stop it at a head (or a chunked body's trailer fields) over the limit."""
+
+
+class TrailerSink:
+    """Where uvicorn's `on_header` puts a chunked body's trailer fields: counted against the head's limit and
+    dropped (uvicorn appended them to the request's headers, without a limit; RFC 9110 lets a server discard
+    them)."""
+
+    __slots__ = ("limit", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.size = limit, 0
+
+    def append(self, field: tuple[bytes, bytes]) -> None:
+        """Count one trailer field; past the limit, stop the parser."""
+        self.size += len(field[0]) + len(field[1]) + 4
+        if self.size > self.limit:
+            raise HeadTooLargeError
 
 
 class CoalescingTransport:
@@ -125,6 +146,10 @@ class HttpProtocol(HttpToolsProtocol):
     _reading_head = True
     _body_timeout_s = DEFAULT_BODY_TIMEOUT_S
     _body_since: float | None = None  # while a request's body is coming: the loop's time of its last bytes
+    # Bytes received while a body is coming (chunk framing and trailer fields included), and their limit.
+    _body_bytes = 0
+    _max_body_bytes = DEFAULT_MAX_BODY_BYTES + DEFAULT_MAX_HEADER_BYTES
+    _trailers = TrailerSink(DEFAULT_MAX_HEADER_BYTES)  # replaced per connection (connection_made)
     _refused = False  # a request was refused (400, 408, 431): what the client sends is dropped until the close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -136,6 +161,8 @@ class HttpProtocol(HttpToolsProtocol):
         if settings is not None:
             self._max_head_bytes, self._head_timeout_s = settings.max_header_bytes, settings.header_timeout_s
             self._body_timeout_s = settings.body_timeout_s
+            self._max_body_bytes = settings.max_body_bytes + settings.max_header_bytes
+        self._trailers = TrailerSink(self._max_head_bytes)
 
     def data_received(self, data: bytes) -> None:
         """As uvicorn, but bytes that are not HTTP/1.1 are answered 400 with the parser's reason (uvicorn answered
@@ -155,14 +182,15 @@ class HttpProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
         elif self._body_since is not None:
             self._body_since = self.loop.time()
+            self._body_bytes += len(data)
+            if self._body_bytes > self._max_body_bytes:
+                self._refuse(413, self._body_too_large())
+                return
         self._idle_since = None  # data came: the connection is not idle (uvicorn's _unset_keepalive_if_required)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
-            if self._reading_head and self._head_bytes > self._max_head_bytes:
-                self._refuse(431, self._too_large())  # on_headers_complete stopped the parser
-            else:
-                self._refuse_malformed(error)
+            self._parse_failed(error)
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -173,15 +201,28 @@ class HttpProtocol(HttpToolsProtocol):
         if self._reading_head and self._head_bytes > self._max_head_bytes and not self.transport.is_closing():
             self._refuse(431, self._too_large())
 
-    def _refuse_malformed(self, error: httptools.HttpParserError) -> None:
-        """400 naming what the parser found wrong (uvicorn answered "Invalid HTTP request received." in plain
-        text); a callback's own failure other than the parser's (a bug) is logged and answered 500."""
+    def _parse_failed(self, error: httptools.HttpParserError) -> None:
+        """431 for a head (or a chunked body's trailer fields) over the limit; else 400 naming what the parser
+        found wrong (uvicorn answered "Invalid HTTP request received." in plain text); a callback's own failure
+        other than the parser's (a bug) is logged and answered 500."""
+        if self._reading_head and self._head_bytes > self._max_head_bytes:
+            self._refuse(431, self._too_large())  # on_headers_complete stopped the parser
+            return
         cause = error.__context__ if isinstance(error, httptools.HttpParserCallbackError) else error
+        if isinstance(cause, HeadTooLargeError):  # the trailer fields' sink stopped it
+            self._refuse(431, f"{self._too_large()} (a chunked body's trailer fields count as headers)")
+            return
         if cause is None or isinstance(cause, httptools.HttpParserError):
             self._refuse(400, f"malformed HTTP/1.1 request: {cause or error}")
             return
         self.logger.error("HTTP request parse failed in a callback", exc_info=cause)
         self._refuse(500, "internal error (logged): the request could not be parsed")
+
+    def _body_too_large(self) -> str:
+        return (
+            f"the request body, with its chunk framing and trailer fields, is over {self._max_body_bytes} bytes "
+            "(max_body_bytes + max_header_bytes)"
+        )
 
     def _too_large(self) -> str:
         return (
@@ -232,12 +273,17 @@ class HttpProtocol(HttpToolsProtocol):
         whose own body is malformed gets the answer, and its route sees the client gone."""
         self._refused = True
         cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            if self._reading_head or cycle.response_started:
-                self.transport.close()
+        if cycle is not None:
+            if cycle.response_complete:
+                if not self._reading_head:  # answered before its body ended (a 413 from its header): no second
+                    self.transport.close()
+                    return
+            elif self._reading_head or cycle.response_started or self.pipeline:
+                self.transport.close()  # behind an answer in flight, or in the middle of one
                 return
-            cycle.disconnected = True  # as uvicorn marks a lost connection: the route's next read ends it
-            cycle.message_event.set()
+            else:
+                cycle.disconnected = True  # as uvicorn marks a lost connection: the route's next read ends it
+                cycle.message_event.set()
         self.logger.warning("Request refused (%d): %s", status, message)
         body = orjson.dumps({"error": message})
         head = [STATUS_LINE[status]]
@@ -256,7 +302,14 @@ class HttpProtocol(HttpToolsProtocol):
         if self._head_bytes > self._max_head_bytes and self._head_size() > self._max_head_bytes:
             raise HeadTooLargeError
         self._reading_head, self._head_bytes, self._body_since = False, 0, self.loop.time()
+        self._body_bytes = 0
+        if self._read_timer is None:  # (a head that began inside the chunk that ended the previous request)
+            period = min(self._head_timeout_s, self._body_timeout_s)
+            self._read_timer = self.loop.call_later(period, self._read_timer_fired)
         super().on_headers_complete()
+        if not self.parser.should_upgrade():  # (uvicorn reads an upgrade's headers from `headers` after this)
+            trailers = self.headers = self._trailers  # type: ignore[assignment]  # the scope keeps the head's list
+            trailers.size = 0
 
     def _head_size(self) -> int:
         """The bytes of the request line and headers just parsed (the line's method and version counted as the
