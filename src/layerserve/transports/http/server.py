@@ -145,12 +145,16 @@ class HttpProtocol(HttpToolsProtocol):
     _read_timer: asyncio.TimerHandle | None = None  # one per connection, armed while a request is coming
     _reading_head = True
     _body_timeout_s = DEFAULT_BODY_TIMEOUT_S
+    # The read timer's longest wait: a body may follow a head before the timer fires.
+    _read_check_s = min(DEFAULT_HEADER_TIMEOUT_S, DEFAULT_BODY_TIMEOUT_S)
     _body_since: float | None = None  # while a request's body is coming: the loop's time of its last bytes
     # Bytes received while a body is coming (chunk framing and trailer fields included), and their limit.
     _body_bytes = 0
     _max_body_bytes = DEFAULT_MAX_BODY_BYTES + DEFAULT_MAX_HEADER_BYTES
     _trailers = TrailerSink(DEFAULT_MAX_HEADER_BYTES)  # replaced per connection (connection_made)
-    _refused = False  # a request was refused (400, 408, 431): what the client sends is dropped until the close
+    _refused = (
+        False  # a request was refused (400, 408, 413, 431, 500): what the client sends is dropped until the close
+    )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Wrap the connection's transport, then set up the connection as uvicorn does."""
@@ -161,6 +165,7 @@ class HttpProtocol(HttpToolsProtocol):
         if settings is not None:
             self._max_head_bytes, self._head_timeout_s = settings.max_header_bytes, settings.header_timeout_s
             self._body_timeout_s = settings.body_timeout_s
+            self._read_check_s = min(self._head_timeout_s, self._body_timeout_s)
             self._max_body_bytes = settings.max_body_bytes + settings.max_header_bytes
         self._trailers = TrailerSink(self._max_head_bytes)
 
@@ -177,8 +182,7 @@ class HttpProtocol(HttpToolsProtocol):
             if not self._head_bytes:  # a head begins
                 self._head_started = self.loop.time()
                 if self._read_timer is None:
-                    period = min(self._head_timeout_s, self._body_timeout_s)  # a body may follow before it fires
-                    self._read_timer = self.loop.call_later(period, self._read_timer_fired)
+                    self._arm_read_timer(self._read_check_s)
             self._head_bytes += len(data)
         elif self._body_since is not None:
             self._body_since = self.loop.time()
@@ -230,6 +234,9 @@ class HttpProtocol(HttpToolsProtocol):
             "send fewer or shorter headers"
         )
 
+    def _arm_read_timer(self, delay: float) -> None:
+        self._read_timer = self.loop.call_later(delay, self._read_timer_fired)
+
     def _read_timer_fired(self) -> None:
         """408 if a head has been coming for `header_timeout_s`, or a body has brought nothing for `body_timeout_s`
         (while the server reads it); else the timer again while a request comes.
@@ -257,8 +264,7 @@ class HttpProtocol(HttpToolsProtocol):
         else:
             return  # no request coming: the next head arms the timer
         if left > 0:
-            period = min(self._head_timeout_s, self._body_timeout_s)
-            self._read_timer = self.loop.call_later(min(left, period), self._read_timer_fired)
+            self._arm_read_timer(min(left, self._read_check_s))
         else:
             self._refuse(408, message)
 
@@ -304,8 +310,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._reading_head, self._head_bytes, self._body_since = False, 0, self.loop.time()
         self._body_bytes = 0
         if self._read_timer is None:  # (a head that began inside the chunk that ended the previous request)
-            period = min(self._head_timeout_s, self._body_timeout_s)
-            self._read_timer = self.loop.call_later(period, self._read_timer_fired)
+            self._arm_read_timer(self._read_check_s)
         super().on_headers_complete()
         if not self.parser.should_upgrade():  # (uvicorn reads an upgrade's headers from `headers` after this)
             trailers = self.headers = self._trailers  # type: ignore[assignment]  # the scope keeps the head's list
