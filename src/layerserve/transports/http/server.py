@@ -152,9 +152,8 @@ class HttpProtocol(HttpToolsProtocol):
     _body_bytes = 0
     _max_body_bytes = DEFAULT_MAX_BODY_BYTES + DEFAULT_MAX_HEADER_BYTES
     _trailers = TrailerSink(DEFAULT_MAX_HEADER_BYTES)  # replaced per connection (connection_made)
-    _refused = (
-        False  # a request was refused (400, 408, 413, 431, 500): what the client sends is dropped until the close
-    )
+    # A request was refused (400, 408, 413, 431, 500): what the client sends is dropped until the close.
+    _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Wrap the connection's transport, then set up the connection as uvicorn does."""
