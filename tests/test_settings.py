@@ -39,6 +39,16 @@ def test_unknown_and_invalid_settings_name_the_key(tmp_path: Path) -> None:
         load_settings({}, None, {"LAYERSERVE_PORT": "many"})
 
 
+def test_http_and_grpc_on_one_port_is_refused_at_start() -> None:
+    # Before, the gRPC service took the port and the HTTP server then failed to bind it.
+    with pytest.raises(ConfigError, match="'port' and 'grpc_port' are both 8001: the HTTP and gRPC services need"):
+        load_settings({"port": 8001}, None, {})
+    with pytest.raises(ConfigError, match="are both 9000"):
+        load_settings({}, None, {"LAYERSERVE_PORT": "9000", "LAYERSERVE_GRPC_PORT": "9000"})
+    assert load_settings({"port": 8001, "grpc_port": 0}, None, {}).grpc_port == 0
+    assert load_settings({"port": 0, "grpc_port": 0}, None, {}).port == 0  # two free ports, each its own
+
+
 def test_model_config_unknown_key_is_named(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("description: x\nmax_batch_sise: 8\n")

@@ -94,7 +94,7 @@ def _ray_serve(args: argparse.Namespace) -> int:
     from layerserve.transports.ray.launch import launch
     from layerserve.transports.ray.options import parse_group, ray_options
 
-    settings = _settings(args, model_repository=args.repository)
+    settings = _settings(args, model_repository=args.repository, port=args.http_port)  # its HTTP proxy's
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
     if not settings.model_repository.is_dir():
         raise LayerserveError(f"model repository {settings.model_repository} is not a folder")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from layerserve.errors import ConfigError, NotFoundError
 
@@ -174,6 +174,15 @@ class Settings(BaseModel):
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
 
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> Settings:
+        if self.port and self.port == self.grpc_port:
+            raise ValueError(
+                f"'port' and 'grpc_port' are both {self.port}: the HTTP and gRPC services need a port each "
+                "(grpc_port 0 turns gRPC off)"
+            )
+        return self
+
     def serves_model(self, name: str) -> bool:
         """Whether the model folder `name` is served (see `models`): it matches an including pattern (or there
         is none) and no excluding one."""
@@ -264,9 +273,12 @@ def describe_validation_error(error: ValidationError, what: str) -> str:
     """One line per problem: `<what> 'key': message`."""
     problems = []
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(root)"
+        key = ".".join(str(part) for part in item["loc"])
         message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
-        problems.append(f"{what} '{key}': {message}")
+        if not key and item["type"] == "value_error":
+            problems.append(str(item["ctx"]["error"]))  # a check of several keys names them itself
+        else:
+            problems.append(f"{what} '{key or '(root)'}': {message}")
     return "; ".join(problems)
 
 
