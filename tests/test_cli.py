@@ -31,6 +31,10 @@ def test_models_lists_versions_inputs_outputs_and_layers(repository: Path) -> No
     assert "    output probs: FP32 [-1, 5]" in lines
     assert "  version 1: FAILED: model.keras is not a .keras archive (a zip file): corrupt or truncated" in lines
     assert "misconfigured  INVALID: " in "\n".join(lines)
+    # TensorFlow's import notices, written whatever TF_CPP_MIN_LOG_LEVEL says, are left out: only the warning comes.
+    assert result.stderr.splitlines() == [
+        f"model misconfigured: {repository}/misconfigured/config.yaml: key 'max_batch_sise': unknown key"
+    ]
 
 
 def test_serve_rejects_a_missing_repository(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from layerserve import __version__
 from layerserve.errors import ConfigError, LayerserveError
-from layerserve.logs import configure_logging
+from layerserve.logs import configure_logging, import_tensorflow_quietly
 from layerserve.settings import RAY_SECTION, Settings, load_settings, read_config_file
 from layerserve.training.recipe import TextTrainingParams
 
@@ -115,6 +115,7 @@ def _models(args: argparse.Namespace) -> int:
     from layerserve.lifecycle.repository import scan
 
     settings = _settings(args, model_repository=args.repository)
+    import_tensorflow_quietly()
     for spec in scan(settings.model_repository):
         print(f"{spec.name}{'  INVALID: ' + spec.error if spec.error else ''}")
         for number, path in sorted(spec.versions.items()):
@@ -197,6 +198,7 @@ def _demo_build(args: argparse.Namespace) -> int:
     from layerserve.demo import build_demo_repository
 
     configure_logging("info")
+    import_tensorflow_quietly()
     build_demo_repository(args.directory)
     print(f"demo repository written to {args.directory}; serve it with: layerserve serve {args.directory}")
     return 0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,38 @@ def configure_logging(level: str, fmt: str = "text", file: Path | None = None) -
         logging.getLogger(name).propagate = True
     logging.getLogger("tf2onnx").setLevel(logging.WARNING)  # it logs every optimizer pass at INFO
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+# What TensorFlow's C++ side writes to standard error at import whatever TF_CPP_MIN_LOG_LEVEL says (TF 2.18+).
+TF_IMPORT_NOISE = (b"All log messages before absl::InitializeLog() is called", b"oneDNN custom operations are on")
+
+
+def import_quietly(module: str, noise: tuple[bytes, ...]) -> None:
+    """Import `module` with the lines it writes to standard error (file descriptor 2, as C++ code writes) that
+    contain one of `noise` left out; anything else written there during the import passes, after it."""
+    if module in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            importlib.import_module(module)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().splitlines(keepends=True)
+            kept = [line for line in lines if not any(part in line for part in noise)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow without its notices (absl's, oneDNN's, and below warnings unless TF_CPP_MIN_LOG_LEVEL is
+    set) in the server's log."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_quietly("tensorflow", TF_IMPORT_NOISE)
 
 
 _LOG_SETTING_TYPES: dict[str, Any] = {"log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,

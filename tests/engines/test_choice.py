@@ -71,6 +71,20 @@ def test_keras_engine_runs_any_batch_size() -> None:
         assert [o.shape for o in engine.run(batch)] == [(rows, 2), (rows, 5)]
 
 
+def test_keras_engines_of_one_model_are_not_taken_for_retracing(caplog: pytest.LogCaptureFixture) -> None:
+    # A model's cuts each get an engine, each traced once: TensorFlow warned "5 out of the last 5 calls to <function
+    # KerasEngine.__init__.<locals>.call> triggered tf.function retracing" in the server's log.
+    model = build_multi()
+    inputs = read_signature(model).inputs
+    batch = probe_batch(inputs, 2)
+    expected = model([*batch], training=False)
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        for _ in range(6):
+            outputs = KerasEngine(model, inputs).run(batch)
+            np.testing.assert_allclose(outputs[0], expected[0], rtol=1e-6)
+    assert not [record.getMessage() for record in caplog.records if "retracing" in record.getMessage()]
+
+
 def test_preparer_child_records_layer_table_and_verdict_once(tmp_path: Path) -> None:
     model = build_nested()
     path = save_model(model, tmp_path / "m", "model.keras")

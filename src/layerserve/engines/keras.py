@@ -37,10 +37,16 @@ class KerasEngine:
             return model(tensors[0] if single else list(tensors), training=False)
 
         self._function = tf.function(call, input_signature=signature, autograph=False)
+        # Called as its one concrete function: TensorFlow's retracing detector, which a tf.function's calls go
+        # through, counts the engines of one model's cuts (one `call` each, each traced once) as one function
+        # traced again and again, and warned "5 out of the last 5 calls ... triggered tf.function retracing".
+        self._concrete: Any = None
 
     def run(self, inputs: list[Array]) -> list[Array]:
         """Compute the outputs for one batch."""
-        return [np.asarray(t) for t in self._flatten(self._function(*inputs))]
+        if self._concrete is None:
+            self._concrete = self._function.get_concrete_function()
+        return [np.asarray(t) for t in self._flatten(self._concrete(*inputs))]
 
     def resident(self) -> tuple[int, int]:
         """Nothing in another process: (0, 0)."""

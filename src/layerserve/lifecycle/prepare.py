@@ -29,6 +29,7 @@ from layerserve.engines.onnx import OnnxEngine, export_and_verify
 from layerserve.engines.onnx_subgraph import TensorPlace, locate_layers
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import Signature, file_digest, load_model, read_signature
+from layerserve.logs import import_tensorflow_quietly
 from layerserve.serving.layers import LayerGraph, LayerInfo
 from layerserve.tensors import TensorSpec
 
@@ -240,6 +241,7 @@ def _child_start() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     lower_priority()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s (preparer): %(message)s")
+    import_tensorflow_quietly()  # every preparation loads a Keras model
 
 
 # --- In the server process ------------------------------------------------------------------------------

@@ -33,10 +33,12 @@ def run(job_dir: Path) -> int:
 
     from layerserve.errors import LayerserveError
     from layerserve.lifecycle.prepare import exit_with_parent, lower_priority
+    from layerserve.logs import import_tensorflow_quietly
     from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
 
     exit_with_parent()
     lower_priority()  # before TensorFlow starts its threads: they inherit it
+    import_tensorflow_quietly()
     import tensorflow as tf
 
     from layerserve.gpu import configure_tensorflow
