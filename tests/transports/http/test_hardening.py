@@ -134,6 +134,21 @@ def test_a_request_head_over_max_header_bytes_is_431_and_the_server_stays_up(ser
         assert client.get(f"{server.url}/v2/health/live").status_code == 200
 
 
+def test_a_request_asking_for_an_upgrade_is_served_over_http_with_its_body(server: LiveServer) -> None:
+    # What `curl --http2 -d ...` sends on http://; the route got an empty body ("not valid JSON: zero-length").
+    upgrade = {"upgrade": "h2c", "connection": "Upgrade, HTTP2-Settings", "http2-settings": "AAMAAABkAAQCAAAAAAIAAAAA"}
+    body = {"inputs": [X]}
+    with httpx.Client() as client:
+        expected = client.post(f"{server.url}/v2/models/mlp/infer", json=body).json()
+        for _ in range(2):  # the connection stays usable
+            answered = client.post(f"{server.url}/v2/models/mlp/infer", json=body, headers=upgrade)
+            assert answered.status_code == 200 and answered.json() == expected
+        websocket = {"upgrade": "websocket", "connection": "Upgrade", "sec-websocket-version": "13",
+                     "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ=="}  # fmt: skip
+        live = client.get(f"{server.url}/v2/health/live", headers=websocket)  # was 403, with no body
+        assert (live.status_code, live.json()) == (200, {"live": True})
+
+
 @pytest.mark.parametrize(
     ("case", "head", "mentions"),
     [

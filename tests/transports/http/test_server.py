@@ -389,3 +389,50 @@ def test_a_malformed_request_pipelined_behind_one_in_flight_never_answers_in_its
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         _, received = runner.run(_exchange(slow + bad, b"never: until the server closes", _slow_app))
     assert b" 400 " not in received  # the 400 would have been taken for the slow request's answer
+
+
+async def _echo_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answers the request's path and body, read whole."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    answer = json.dumps({"path": scope["path"], "body": body.decode()}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
+def test_a_request_asking_for_an_upgrade_is_answered_over_http_with_its_body() -> None:
+    # `curl --http2 -d ...` on http:// sends `Upgrade: h2c` with its POST; httptools ends such a request at its
+    # head and leaves the body to the new protocol: the route got an empty body, and the body's bytes were then
+    # parsed as the next request. A WebSocket handshake was answered 403 with no body.
+    body = b"x" * 3000
+    upgrade = b"POST /h2c HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+    upgrade += b"http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\ncontent-length: %d\r\n\r\n" % len(body)
+    websocket = b"GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+    websocket += b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+    after = b"POST /after HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok"
+    # The body in three reads, the last with the requests pipelined after it.
+    pieces = [(0.0, upgrade + body[:1000]), (0.05, body[1000:2000]), (0.05, body[2000:] + websocket + after)]
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        answers = runner.run(_paced(_echo_app, pieces, 3))
+    heads, bodies = zip(*(answer.partition(b"\r\n\r\n")[::2] for answer in answers), strict=True)
+    assert all(head.startswith(b"HTTP/1.1 200 ") and b"connection: close" not in head for head in heads)
+    assert [json.loads(b) for b in bodies] == [
+        {"path": "/h2c", "body": body.decode()}, {"path": "/ws", "body": ""}, {"path": "/after", "body": "ok"}
+    ]  # fmt: skip
+
+
+def test_a_request_asking_for_an_upgrade_with_a_chunked_body_is_refused() -> None:
+    request = b"POST /h2c HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nconnection: Upgrade\r\n"
+    request += b"transfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    received, app = _exchange_app(request, end=b"never: until the server closes")
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"connection: close" in head
+    assert "with Content-Length" in json.loads(body)["error"]
+    assert (app.calls, app.disconnects) == (1, 1)  # its route's read ended with the client gone

@@ -30,6 +30,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from layerserve.settings import Settings
 from layerserve.transports.http.direct_lane import DirectLane, LaneCall
+from layerserve.transports.http.middleware import header_value
 
 # For an app that is not layerserve's:
 DEFAULT_MAX_HEADER_BYTES = Settings.model_fields["max_header_bytes"].default
@@ -154,6 +155,8 @@ class HttpProtocol(HttpToolsProtocol):
     _trailers = TrailerSink(DEFAULT_MAX_HEADER_BYTES)  # replaced per connection (connection_made)
     # A request was refused (400, 408, 413, 431, 500): what the client sends is dropped until the close.
     _refused = False
+    # Bytes still to come of the body of a request asking for an upgrade, which the parser leaves to the caller.
+    _upgrade_body_left: int | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Wrap the connection's transport, then set up the connection as uvicorn does."""
@@ -190,19 +193,47 @@ class HttpProtocol(HttpToolsProtocol):
                 self._refuse(413, self._body_too_large())
                 return
         self._idle_since = None  # data came: the connection is not idle (uvicorn's _unset_keepalive_if_required)
+        if self._upgrade_body_left is not None:
+            self._after_upgrade(data, 0)
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
             self._parse_failed(error)
             return
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+        except httptools.HttpParserUpgrade as upgrade:
+            self._after_upgrade(data, upgrade.args[0])
             return
         if self._reading_head and self._head_bytes > self._max_head_bytes and not self.transport.is_closing():
             self._refuse(431, self._too_large())
+
+    def _should_upgrade(self) -> bool:
+        """Never: the app serves no WebSocket route and the server no h2c, so a request's `Upgrade` is ignored
+        (RFC 9110 7.8) and the request answered as HTTP/1.1, its body included."""
+        return False
+
+    def _after_upgrade(self, data: bytes, parsed: int) -> None:
+        """Read on as HTTP/1.1 where the parser stopped after a request asking for an upgrade (at `parsed`, where
+        the new protocol's bytes would begin): that request's body, which httptools leaves unparsed for an upgrade
+        (see on_message_complete), then the next requests."""
+        rest = memoryview(data)[parsed:]
+        while rest and not self._refused:
+            left = self._upgrade_body_left
+            if left is not None:
+                piece, rest = rest[:left], rest[left:]
+                self._upgrade_body_left = left = left - len(piece)
+                self.on_body(bytes(piece))
+                if not left:
+                    self._upgrade_body_left = None
+                    self._message_complete()
+                continue
+            try:
+                self.parser.feed_data(rest)
+                return
+            except httptools.HttpParserError as error:
+                self._parse_failed(error)
+            except httptools.HttpParserUpgrade as upgrade:
+                rest = rest[upgrade.args[0] :]
 
     def _parse_failed(self, error: httptools.HttpParserError) -> None:
         """431 for a head (or a chunked body's trailer fields) over the limit; else 400 naming what the parser
@@ -311,9 +342,8 @@ class HttpProtocol(HttpToolsProtocol):
         if self._read_timer is None:  # (a head that began inside the chunk that ended the previous request)
             self._arm_read_timer(self._read_check_s)
         super().on_headers_complete()
-        if not self.parser.should_upgrade():  # (uvicorn reads an upgrade's headers from `headers` after this)
-            trailers = self.headers = self._trailers  # type: ignore[assignment]  # the scope keeps the head's list
-            trailers.size = 0
+        trailers = self.headers = self._trailers  # type: ignore[assignment]  # the scope keeps the head's list
+        trailers.size = 0
 
     def _head_size(self) -> int:
         """The bytes of the request line and headers just parsed (the line's method and version counted as the
@@ -339,12 +369,29 @@ class HttpProtocol(HttpToolsProtocol):
         call, cycle = self._lane_call, self.cycle
         if call is None or not call.whole_body or call.cycle is not cycle or cycle.response_complete:
             super().on_body(body)
-        elif not self.parser.should_upgrade():
+        else:
             call.parts.append(body)
 
     def on_message_complete(self) -> None:
         """As uvicorn, after joining a whole-read body's pieces: one copy for a body read in several, none for one
-        read at once (uvicorn grows a bytearray, then copies it into the message's bytes)."""
+        read at once (uvicorn grows a bytearray, then copies it into the message's bytes).
+
+        A request asking for an upgrade ends at its head for httptools, which leaves its body to the new protocol:
+        here, where no protocol is switched to, its `Content-Length` bytes are read as its body first
+        (`_after_upgrade`), and the message completes after them; a chunked one is refused."""
+        if self.parser.should_upgrade() and self._upgrade_body_left is None:
+            scope: Any = self.cycle.scope
+            if header_value(scope, b"transfer-encoding") is not None:
+                self._refuse(400, "a request asking for an upgrade (Upgrade) is answered over HTTP/1.1 here: send "
+                             "its body with Content-Length, or without Upgrade")  # fmt: skip
+                return
+            length = header_value(scope, b"content-length")
+            if length is not None and int(length):
+                self._upgrade_body_left = int(length)
+                return
+        self._message_complete()
+
+    def _message_complete(self) -> None:
         self._reading_head, self._body_since = True, None  # what comes next is the next request's head
         call = self._lane_call
         if call is not None and call.parts and call.cycle is self.cycle:
@@ -415,7 +462,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """The options `uvicorn.run` / `uvicorn.Config` serve the app with (host, port, loop, protocol, timeouts)."""
     return {
         "host": settings.host, "port": settings.port, "log_level": settings.log_level, "log_config": None,
-        "loop": "uvloop", "http": f"{__name__}:HttpProtocol", "access_log": False, "proxy_headers": False,
+        "loop": "uvloop", "http": f"{__name__}:HttpProtocol", "ws": "none", "access_log": False, "proxy_headers": False,
         "timeout_graceful_shutdown": settings.shutdown_timeout_s,
         # Longer than clients' own keep-alive expiry (httpx: 5 s, uvicorn's default too): when the server closes
         # an idle connection first, a request the client sends on it at that moment is reset.
