@@ -274,3 +274,10 @@ def test_json_requests_that_cannot_be_templates_are_parsed_in_full() -> None:
     templates.parse(_json_request([1, 2, 3, 4]), None, _Owner(), "m", 1, check)
     templates.parse(_json_request([1, 2, 3, 4]), None, _Owner(), "m", 1, check)  # each version: its own checks
     assert check.calls == 12 + 2 + 2
+
+
+@pytest.mark.parametrize("body", [b"", b" \r\n"])
+def test_an_empty_body_is_named_empty(body: bytes) -> None:
+    # orjson's own message for it was "Input is a zero-length, empty document".
+    with pytest.raises(BadRequestError, match=r"^the request body is empty: expected a JSON object$"):
+        parse_infer_request(body, None, "m", 1)

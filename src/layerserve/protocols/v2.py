@@ -83,6 +83,8 @@ def load_json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
+        if not raw.strip():
+            raise BadRequestError(f"{what} is empty: expected a JSON object") from None
         if "recursion" in str(error).lower():
             raise BadRequestError(f"{what} nests JSON too deep (more than {MAX_JSON_DEPTH} levels)") from None
         raise BadRequestError(f"{what} is not valid JSON: {error}") from None
