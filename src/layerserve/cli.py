@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"layerserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="serve a model repository over HTTP")
+    serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     serve.add_argument("repository", type=Path, help="folder of models: <repo>/<model>/<version>/")
     add_settings_flags(serve, skip={"model_repository"})
     serve.set_defaults(run=_serve)
