@@ -67,6 +67,13 @@ class Settings(BaseModel):
         description="Engine processes at most, each holding the sessions of several big models (0: one per "
         "session, so that a crashed process fails one version only).",
     )
+    engine_lanes: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="Batches of one version its engine process computes at once, on the one session (1: one at a "
+        "time); a second keeps the cores busy while a batch's answer goes back and the next is sent.",
+    )
     max_cuts_per_version: int = Field(
         32, ge=1, description="Cut sub-graphs (layer outputs, cut inputs) kept built per version (LRU)."
     )

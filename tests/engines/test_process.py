@@ -150,6 +150,43 @@ def test_a_batch_sent_from_the_event_loop_equals_run_also_after_a_cancelled_call
     assert_answers(large, remote.run(large))  # and `run` (blocking) still reads whole answers after it
 
 
+class _NoExecutorLoop(asyncio.SelectorEventLoop):
+    """An event loop on which nothing may wait on a thread."""
+
+    def run_in_executor(self, *args: object) -> asyncio.Future[object]:  # type: ignore[override]
+        raise AssertionError("a call waited on a thread for a lane")
+
+
+def test_batches_sent_at_once_run_side_by_side_on_the_sessions_lanes(multi_graph: tuple[object, Path]) -> None:
+    model, graph = multi_graph
+    inputs = read_signature(model).inputs
+    pool = EngineProcessPool(0, lanes=2)
+    remote, local = ProcessOnnxEngine(pool, graph, inputs, 1, 2), OnnxEngine(graph, inputs, 1)
+    pid = remote.pid
+    rng = np.random.default_rng(2)
+    batches = [
+        [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
+        for rows in (5, 30_000)  # inside the message, and through shared memory
+    ]
+
+    async def scenario() -> list[list[np.ndarray]]:
+        # Each call on a lane of its own; with one lane the second would wait for the first on a thread.
+        return list(await asyncio.gather(*(remote.run_async(batch) for batch in batches)))
+
+    try:
+        for _ in range(3):
+            with asyncio.Runner(loop_factory=_NoExecutorLoop) as runner:
+                answers = runner.run(scenario())
+            for batch, answer in zip(batches, answers, strict=True):
+                for mine, theirs in zip(answer, local.run(batch), strict=True):
+                    np.testing.assert_array_equal(mine, theirs)
+        assert remote.lanes == 2
+    finally:
+        remote.close()  # the lanes' threads end before the session is freed
+        pool.stop_idle()
+    assert pid is not None and not is_running(pid)
+
+
 def test_a_closed_engines_process_is_kept_for_the_next_one(
     multi_graph: tuple[object, Path], pool: EngineProcessPool
 ) -> None:

@@ -89,6 +89,65 @@ async def test_a_batch_takes_half_the_unanswered_rows_so_the_next_is_queued_when
     check(await merger.submit(lone[0], None), lone[0])  # one request alone still runs whole
 
 
+class LaneModel:
+    """`run_async` of a session with lanes: doubles its input; each call records its batch size, then waits until
+    `finish` ends the oldest call still running."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.running: list[asyncio.Event] = []
+
+    async def __call__(self, arrays: list[Array]) -> list[Array]:
+        self.calls.append(arrays[0].shape[0])
+        done = asyncio.Event()
+        self.running.append(done)
+        await done.wait()
+        return [arrays[0] * 2, arrays[0].sum(axis=1)]
+
+    async def settle(self) -> None:
+        for _ in range(20):  # turns of the loop for the batcher and its callers to act
+            await asyncio.sleep(0)
+
+    async def finish(self) -> None:
+        self.running.pop(0).set()
+        await self.settle()
+
+
+async def test_two_lanes_run_two_batches_at_once_each_with_its_share_of_the_rows() -> None:
+    model = LaneModel()
+    lanes = Batcher(
+        model, ThreadPoolExecutor(1), 8, 0.0, QueueBudget(100), ("m", "1"), run_async=model, lanes=2
+    )  # fmt: skip
+    # Eight clients: half the rows run, in two batches of two at once (one lane: one batch of four).
+    sent = [rows(10 * i, 1) for i in range(8)]
+    tasks = [asyncio.create_task(lanes.submit(arrays, None)) for arrays in sent]
+    await model.settle()
+    assert model.calls == [2, 2] and len(model.running) == 2
+    while model.running:
+        await model.finish()
+    for task, arrays in zip(tasks, sent, strict=True):
+        check(await task, arrays)
+    assert sum(model.calls) == 8 and max(model.calls) == 2 and lanes.is_idle
+
+    # A lane is free, but one row is under the next batch's share of the rows not answered (a quarter of 9, rounded
+    # up: 3): it waits for more instead of running a batch of one beside the other; with three rows, it runs.
+    model.calls.clear()
+    big, one, two = rows(0, 8), rows(100, 1), rows(200, 2)
+    tasks = [asyncio.create_task(lanes.submit(big, None))]
+    await model.settle()
+    tasks.append(asyncio.create_task(lanes.submit(one, None)))
+    await model.settle()
+    assert model.calls == [8]
+    tasks.append(asyncio.create_task(lanes.submit(two, None)))
+    await model.settle()
+    assert model.calls == [8, 3] and len(model.running) == 2
+    while model.running:
+        await model.finish()
+    for task, arrays in zip(tasks, (big, one, two), strict=True):
+        check(await task, arrays)
+    assert lanes.is_idle
+
+
 async def test_requests_queued_while_busy_form_the_next_batch() -> None:
     gate = threading.Event()
     model = GatedModel(gate)

@@ -56,7 +56,8 @@ class Batcher:
     `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
     thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on a later turn of
     the loop (see `_flush_inline`), not a task. With `run_async`, batches are sent from the event loop instead of the
-    model thread (an engine process's session: the answer wakes the loop directly). With `check_rows`, a batch's
+    model thread (an engine process's session: the answer wakes the loop directly), up to `lanes` batches at once
+    (see `_lane_is_due`). With `check_rows`, a batch's
     joined arrays are checked before the call, and a request whose own rows fail it is refused alone.
     """
 
@@ -72,6 +73,7 @@ class Batcher:
         statistics: VersionStatistics | None = None,
         run_async: RunBatchAsync | None = None,
         check_rows: Callable[[list[Array]], None] | None = None,
+        lanes: int = 1,
     ) -> None:
         self._run = run
         self._check_rows = check_rows
@@ -95,11 +97,15 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._flush_scheduled = False
         self._waited_a_turn = False  # (inline) the scheduled flush has waited its one turn (see _flush_inline)
+        self._lanes = lanes if run_async is not None else 1
+        self._in_flight = 0  # (lanes) batches computing now
+        self._more = asyncio.Event()  # (lanes) rows came, or a batch ended, while one computes
+        self._computing: set[asyncio.Task[None]] = set()
 
     @property
     def is_idle(self) -> bool:
         """Whether nothing is queued or running (the batcher can be dropped)."""
-        return self._task is None and not self._flush_scheduled
+        return self._task is None and not self._flush_scheduled and not self._in_flight
 
     async def submit(self, arrays: list[Array], deadline: float | None) -> list[Array]:
         """Queue one request's arrays (same first dimension) and wait for its rows of the outputs.
@@ -126,6 +132,8 @@ class Batcher:
         try:
             if self._rows >= self._max_batch_size:  # (`_full` matters with a delay only, where that is the limit)
                 self._full.set()
+            if self._in_flight:
+                self._more.set()
             if self._task is None:
                 self._task = asyncio.create_task(self._serve())
             if deadline is None:
@@ -166,11 +174,36 @@ class Batcher:
         try:
             while self._queue:
                 await self._wait_for_batch()
-                batch = self._take()
-                if batch:
-                    await self._compute(batch)
+                if self._lanes == 1:
+                    batch = self._take()
+                    if batch:
+                        await self._compute(batch)
+                elif self._lane_is_due():
+                    batch = self._take()
+                    if batch:
+                        self._in_flight += 1
+                        task = asyncio.create_task(self._compute_on_lane(batch))
+                        self._computing.add(task)
+                        task.add_done_callback(self._computing.discard)
+                else:
+                    self._more.clear()
+                    await self._more.wait()
         finally:
             self._task = None
+
+    def _lane_is_due(self) -> bool:
+        """(lanes) Whether the next batch goes now: a lane is free, and no batch runs or the queue holds the next
+        one's share of the rows (`_limit`). A second batch taken with the first request back would hold one row."""
+        if self._in_flight >= self._lanes:
+            return False
+        return not self._in_flight or self._rows >= self._limit()
+
+    async def _compute_on_lane(self, batch: list[_Pending]) -> None:
+        try:
+            await self._compute(batch)
+        finally:
+            self._in_flight -= 1
+            self._more.set()
 
     async def _wait_for_batch(self) -> None:
         waited = time.perf_counter() - self._queue[0].enqueued
@@ -199,15 +232,17 @@ class Batcher:
     def _limit(self) -> int:
         """The most rows the next batch takes.
 
-        Off the loop and with no `max_delay_s`, at most half the rows not yet answered (rounded up): at the moment a
-        batch ends its callers have not resumed yet and still count, so with 8 clients a batch takes 4 and leaves 4
-        to run next while the first 4 are answered and send their next requests. Taking all 8 left the model idle for
-        that round trip at every batch. Inline, the loop runs the model itself and cannot overlap it with anything;
-        with a delay, the user asked for fuller batches: `max_batch_size` for both.
+        Off the loop and with no `max_delay_s`, at most half the rows not yet answered (rounded up), shared between
+        the lanes: at the moment a batch ends its callers have not resumed yet and still count, so with 8 clients
+        and one lane a batch takes 4 and leaves 4 to run next while the first 4 are answered and send their next
+        requests (taking all 8 left the model idle for that round trip at every batch); with two lanes, two batches
+        of 2 run at once. Inline, the loop runs the model itself and cannot overlap it with anything; with a delay,
+        the user asked for fuller batches: `max_batch_size` for both.
         """
         if self._is_inline or self._max_delay_s:
             return self._max_batch_size
-        return min(self._max_batch_size, (self._unanswered + 1) // 2)
+        shares = 2 * self._lanes
+        return min(self._max_batch_size, (self._unanswered + shares - 1) // shares)
 
     def _pop(self) -> _Pending:
         pending = self._queue.popleft()

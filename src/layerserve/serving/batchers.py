@@ -58,8 +58,10 @@ class BatcherTable:
         is_inline: Callable[[tuple[str, ...], tuple[str, ...]], bool],
         run_async: tuple[RunNamedAsync, Callable[[tuple[str, ...], tuple[str, ...]], bool]] | None = None,
         index_check: Callable[[tuple[str, ...]], Callable[[list[Array]], None] | None] | None = None,
+        lanes: int = 1,
     ) -> None:
         self._run = run
+        self._lanes = lanes
         self._index_check = index_check
         self._run_async = run_async
         self._thread = thread
@@ -108,7 +110,7 @@ class BatcherTable:
         batcher = Batcher(
             run, self._thread, self._max_batch_size, self._max_delay_s, self._budget, self._labels,
             self._is_inline(names, wanted), self._statistics, run_async,
-            None if self._index_check is None else self._index_check(names),
+            None if self._index_check is None else self._index_check(names), self._lanes,
         )  # fmt: skip
         self._batchers[key] = batcher
         return batcher

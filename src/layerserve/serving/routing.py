@@ -35,6 +35,11 @@ class VersionRouter:
         process. Any other batch runs on the model thread (`run`)."""
         return isinstance(self.engine, ProcessOnnxEngine) and self._graph.is_full_model(inputs, outputs)
 
+    @property
+    def lanes(self) -> int:
+        """How many batches sent from the loop may run at once (the engine process session's lanes)."""
+        return self.engine.lanes if isinstance(self.engine, ProcessOnnxEngine) else 1
+
     async def run_async(self, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
         """On the event loop: one full-model batch through the engine process (see `sends_from_loop`).
 

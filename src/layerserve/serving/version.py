@@ -119,6 +119,7 @@ class ModelVersion:
             router.run, self._thread, loaded.plan, settings.request_timeout_ms, (self.name, str(self.version)),
             self.statistics, is_inline=lambda names, wanted: inline and router.is_full_model(names, wanted),
             run_async=(router.run_async, router.sends_from_loop), index_check=loaded.checks.index_check,
+            lanes=router.lanes,
         )  # fmt: skip
 
     @property

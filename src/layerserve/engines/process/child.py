@@ -33,8 +33,10 @@ def serve(connection: Connection) -> None:
         except EOFError:  # the server is gone
             return
         if tag == "open":
-            own = Connection(reduction.recv_handle(connection))
-            threading.Thread(target=_session, args=(Channel(own), *body), name="session", daemon=True).start()
+            path, inputs, threads, rows, lanes = body
+            own = [Channel(Connection(reduction.recv_handle(connection))) for _ in range(lanes)]
+            args = (own[0], own[1:], path, inputs, threads, rows)
+            threading.Thread(target=_session, args=args, name="session", daemon=True).start()
         elif tag == "digest":
             try:
                 with _low_priority():
@@ -51,10 +53,18 @@ def serve(connection: Connection) -> None:
             channel.send("error", f"unexpected {tag!r} message")
 
 
-def _session(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> None:
+def _session(
+    channel: Channel, lanes: list[Channel], path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int
+) -> None:
     """One version's session: open and warm it up, answer its batches, free it when released (or when the server
-    closes its connection)."""
+    closes its connection). Each of `lanes` answers batches too, at the same time, on a thread of its own."""
     engine = _open(channel, path, inputs, threads, rows)
+    helpers = []
+    if engine is not None:
+        for lane in lanes:
+            helper = threading.Thread(target=_lane, args=(lane, engine), name="session-lane", daemon=True)
+            helper.start()
+            helpers.append(helper)
     while engine is not None:
         try:
             tag, body = channel.receive(copy=False)
@@ -63,10 +73,27 @@ def _session(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], thread
         if tag == "arrays":
             _run(channel, engine, body)
         elif tag == "release":
+            for helper in helpers:  # the server closed their connections first
+                helper.join()
             with _low_priority():
                 engine = None  # ORT's destructor: joins the session's threads, returns its memory
                 trim_heap()
             channel.send("released")
+        else:
+            channel.send("error", f"unexpected {tag!r} message")
+        del body
+    channel.connection.close()
+
+
+def _lane(channel: Channel, engine: OnnxEngine) -> None:
+    """Answer a session's batches on one more connection, until the server closes it."""
+    while True:
+        try:
+            tag, body = channel.receive(copy=False)
+        except EOFError:
+            break
+        if tag == "arrays":
+            _run(channel, engine, body)
         else:
             channel.send("error", f"unexpected {tag!r} message")
         del body

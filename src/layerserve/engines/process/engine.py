@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from layerserve.engines.base import EngineKind
-from layerserve.engines.process.channel import Channel, Message
+from layerserve.engines.process.channel import Message
 from layerserve.engines.process.pool import EngineHost, EngineProcessPool
 from layerserve.errors import EngineProcessError, ModelLoadError
 from layerserve.tensors import Array, TensorSpec
@@ -19,8 +19,8 @@ _RELEASE_TIMEOUT_S = 10.0
 
 
 class ProcessOnnxEngine:
-    """An ONNX Runtime session in an engine process (shared with other sessions, each on a connection of its
-    own); `run` sends the batch there and waits."""
+    """An ONNX Runtime session in an engine process (shared with other sessions, each on connections of its
+    own); `run` sends the batch there and waits. Up to `lanes` batches (the pool's) run there at once."""
 
     name = EngineKind.ONNX
     in_process = False
@@ -35,25 +35,30 @@ class ProcessOnnxEngine:
         """
         self._pool = pool
         self._graph = path.name
-        self._lock = threading.Lock()
         host = pool.take()
         try:
-            channel = host.open_session(path, inputs, threads, warmup_rows)
+            channels = host.open_session(path, inputs, threads, warmup_rows, pool.lanes)
         except (EOFError, OSError):
             pool.session_closed(host)
             raise ModelLoadError(host.gone(self._graph)) from None
+        channel = channels[0]
         try:
             tag, body = channel.receive(copy=True)
         except (EOFError, OSError):
-            channel.connection.close()
-            pool.session_closed(host)
-            raise ModelLoadError(host.gone(self._graph)) from None
+            tag, body = "gone", None
         if tag != "ready":
-            channel.connection.close()
+            for each in channels:
+                each.connection.close()
             pool.session_closed(host)
+            if tag == "gone":
+                raise ModelLoadError(host.gone(self._graph)) from None
             raise ModelLoadError(f"ONNX Runtime could not open {path.name}: {body}")
         self._host: EngineHost | None = host
-        self._channel: Channel = channel
+        # Each lane a connection to the session with a thread of its own in the process: its batches run at the
+        # same time as the other lanes' (ONNX Runtime's `run` may be called from several threads at once).
+        self._lanes = [(each, threading.Lock()) for each in channels]
+        self._channel, self._lock = self._lanes[0]
+        self.lanes = len(channels)
         self.session_bytes = int(body)
         host.session_bytes += self.session_bytes
 
@@ -72,26 +77,32 @@ class ProcessOnnxEngine:
         return self.session_bytes, rest // host.sessions
 
     def run(self, inputs: list[Array]) -> list[Array]:
-        """Compute the outputs for one batch, in the engine's process.
+        """Compute the outputs for one batch, in the engine's process (on a free lane, else after the first's).
 
         Raises:
             EngineProcessError: the process is gone (killed, out of memory, crashed), or the engine closed.
             RuntimeError: ONNX Runtime refused the batch (its message).
         """
-        with self._lock:
+        channel, lock = next(((c, lk) for c, lk in self._lanes if lk.acquire(blocking=False)), (None, None))
+        if channel is None or lock is None:
+            channel, lock = self._lanes[0]
+            lock.acquire()
+        try:
             host = self._host
             if host is None:
                 raise EngineProcessError(f"the engine of {self._graph} is closed")
             try:
-                self._channel.send_arrays(inputs)
-                received = self._channel.receive(copy=True)
+                channel.send_arrays(inputs)
+                received = channel.receive(copy=True)
             except (EOFError, OSError):
                 raise EngineProcessError(host.gone(self._graph)) from None
+        finally:
+            lock.release()
         return _outputs(received)
 
     async def run_async(self, inputs: list[Array]) -> list[Array]:
-        """`run` from the event loop: the batch is sent from the loop and its answer wakes the loop, instead of two
-        more hops through a model thread. While another call holds the session, `run` on the loop's executor.
+        """`run` from the event loop: the batch is sent from the loop on a free lane and its answer wakes the loop,
+        instead of two more hops through a model thread. While every lane is busy, `run` on the loop's executor.
 
         The answer is read even when the caller is cancelled, so the next call gets its own.
 
@@ -99,32 +110,33 @@ class ProcessOnnxEngine:
             EngineProcessError, RuntimeError: as `run`.
         """
         loop = asyncio.get_running_loop()
-        if not self._lock.acquire(blocking=False):
+        channel, lock = next(((c, lk) for c, lk in self._lanes if lk.acquire(blocking=False)), (None, None))
+        if channel is None or lock is None:
             return await loop.run_in_executor(None, self.run, inputs)
         host = self._host
         try:
             if host is None:
                 raise EngineProcessError(f"the engine of {self._graph} is closed")
-            self._channel.send_arrays(inputs)
+            channel.send_arrays(inputs)
         except (EOFError, OSError):
-            self._lock.release()
+            lock.release()
             raise EngineProcessError(host.gone(self._graph)) from None  # type: ignore[union-attr]
         except BaseException:
-            self._lock.release()
+            lock.release()
             raise
         answer: asyncio.Future[Message | None] = loop.create_future()
-        fd = self._channel.connection.fileno()
+        fd = channel.connection.fileno()
 
         def readable() -> None:
             loop.remove_reader(fd)
             received: Message | None = None
             try:
                 os.set_blocking(fd, True)  # uvloop's add_reader makes the socket non-blocking; `receive` blocks
-                received = self._channel.receive(copy=True)
+                received = channel.receive(copy=True)
             except (EOFError, OSError):
                 pass  # the process is gone: None
             finally:
-                self._lock.release()
+                lock.release()
             if not answer.done():
                 answer.set_result(received)
 
@@ -137,6 +149,11 @@ class ProcessOnnxEngine:
     def close(self) -> None:
         """Free the session in its process (after the batch it runs); a process left without sessions is kept
         for the next one or stopped, and a stopped process returns all its memory."""
+        for channel, lock in self._lanes[1:]:  # their threads in the process end; the first lane's waits for them
+            extra = lock.acquire(timeout=_RELEASE_TIMEOUT_S)
+            channel.connection.close()
+            if extra:
+                lock.release()
         # Bounded: a call sent from an event loop that stopped before its answer came would hold the lock forever.
         acquired = self._lock.acquire(timeout=_RELEASE_TIMEOUT_S)
         try:

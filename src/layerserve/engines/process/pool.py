@@ -60,23 +60,29 @@ class EngineHost:
         finally:
             theirs.close()
 
-    def open_session(self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> Channel:
-        """A session's own channel, once the process has opened it (its first message answers: ready or error).
+    def open_session(
+        self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, rows: int, lanes: int = 1
+    ) -> list[Channel]:
+        """A session's own channels, `lanes` of them, each answering batches at the same time as the others (the
+        first's first message answers the open: ready or error).
 
         Raises:
             EOFError, OSError: the process is gone.
         """
-        ours, theirs = multiprocessing.Pipe()
+        pairs = [multiprocessing.Pipe() for _ in range(lanes)]
         try:
             with self._lock:
-                self.channel.send("open", (str(path), inputs, threads, rows))
-                reduction.send_handle(self.channel.connection, theirs.fileno(), self.process.pid)
+                self.channel.send("open", (str(path), inputs, threads, rows, lanes))
+                for _, theirs in pairs:
+                    reduction.send_handle(self.channel.connection, theirs.fileno(), self.process.pid)
         except BaseException:
-            ours.close()
+            for ours, _ in pairs:
+                ours.close()
             raise
         finally:
-            theirs.close()
-        return Channel(ours)
+            for _, theirs in pairs:
+                theirs.close()
+        return [Channel(ours) for ours, _ in pairs]
 
     def digest(self, path: Path) -> tuple[str, str]:
         """(tag, body) of hashing the file in the process: ("digest", hex) or ("error", message).
@@ -133,8 +139,9 @@ class EngineProcessPool:
     `max_processes` processes (0: one per session); up to `kept_idle` processes without a session are kept, with
     their arena, for the next versions."""
 
-    def __init__(self, min_bytes: int, kept_idle: int = 2, max_processes: int = 0) -> None:
+    def __init__(self, min_bytes: int, kept_idle: int = 2, max_processes: int = 0, lanes: int = 1) -> None:
         self.min_bytes = min_bytes
+        self.lanes = lanes  # batches each session computes at once (see ProcessOnnxEngine)
         self.kept_idle = kept_idle
         self.max_processes = max_processes
         self._lock = threading.Lock()
@@ -144,8 +151,12 @@ class EngineProcessPool:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineProcessPool:
-        """The pool that `engine_process_min_mb` and `engine_processes` describe."""
-        return cls(int(settings.engine_process_min_mb * 1_000_000), max_processes=settings.engine_processes)
+        """The pool that `engine_process_min_mb`, `engine_processes` and `engine_lanes` describe."""
+        return cls(
+            int(settings.engine_process_min_mb * 1_000_000),
+            max_processes=settings.engine_processes,
+            lanes=settings.engine_lanes,
+        )
 
     def takes(self, path: Path) -> bool:
         """Whether a file this large gets an engine process."""
