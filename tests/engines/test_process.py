@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -185,6 +186,39 @@ def test_batches_sent_at_once_run_side_by_side_on_the_sessions_lanes(multi_graph
         remote.close()  # the lanes' threads end before the session is freed
         pool.stop_idle()
     assert pid is not None and not is_running(pid)
+
+
+def test_a_closing_engine_refuses_a_call_on_a_free_lane_and_its_process_serves_on(
+    multi_graph: tuple[object, Path],
+) -> None:
+    # close() waits for the batch on the first lane, having closed the second's connection: a call then took the
+    # second lane, failed on its closed connection, and was taken for the process gone, which was stopped with
+    # every other session in it.
+    model, graph = multi_graph
+    inputs = read_signature(model).inputs
+    pool = EngineProcessPool(0, max_processes=1, lanes=2)
+    closing, neighbour = ProcessOnnxEngine(pool, graph, inputs, 1, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 1)
+    pid = closing.pid
+    first_lane, second_lane = closing._lanes
+    first_lane[1].acquire()  # as a batch computing on the first lane holds it
+    closer = threading.Thread(target=closing.close)
+    try:
+        closer.start()
+        for _ in range(1000):
+            if closing.pid is None or second_lane[0].connection.closed:
+                break
+            time.sleep(0.01)
+        with pytest.raises(EngineProcessError, match="is closed"):
+            closing.run(probe_batch(inputs, 2))
+    finally:
+        first_lane[1].release()  # the batch ends: close() goes on
+        closer.join(30)
+    assert not closer.is_alive() and is_running(pid)  # type: ignore[arg-type]
+    try:
+        assert neighbour.pid == pid and neighbour.run(probe_batch(inputs, 2))[1].shape == (2, 5)
+    finally:
+        neighbour.close()
+        pool.stop_idle()
 
 
 def test_a_closed_engines_process_is_kept_for_the_next_one(

@@ -92,11 +92,15 @@ def _lane(channel: Channel, engine: OnnxEngine) -> None:
             tag, body = channel.receive(copy=False)
         except EOFError:
             break
-        if tag == "arrays":
-            _run(channel, engine, body)
-        else:
-            channel.send("error", f"unexpected {tag!r} message")
-        del body
+        try:
+            if tag == "arrays":
+                _run(channel, engine, body)
+            else:
+                channel.send("error", f"unexpected {tag!r} message")
+        except OSError:  # the server closed the lane without waiting for its batch (see ProcessOnnxEngine.close)
+            break
+        finally:
+            del body
     channel.connection.close()
 
 

@@ -149,26 +149,25 @@ class ProcessOnnxEngine:
     def close(self) -> None:
         """Free the session in its process (after the batch it runs); a process left without sessions is kept
         for the next one or stopped, and a stopped process returns all its memory."""
-        for channel, lock in self._lanes[1:]:  # their threads in the process end; the first lane's waits for them
-            extra = lock.acquire(timeout=_RELEASE_TIMEOUT_S)
-            channel.connection.close()
-            if extra:
-                lock.release()
-        # Bounded: a call sent from an event loop that stopped before its answer came would hold the lock forever.
-        acquired = self._lock.acquire(timeout=_RELEASE_TIMEOUT_S)
+        host, self._host = self._host, None  # a call from now on is refused as closed, on whichever lane
+        if host is None:
+            return
+        # Each lane's batch ends first. Bounded: a call sent from an event loop that stopped before its answer came
+        # would hold its lane forever.
+        held = [lock.acquire(timeout=_RELEASE_TIMEOUT_S) for _, lock in self._lanes]
         try:
-            host, self._host = self._host, None
-            if host is None:
-                return
-            if acquired:  # else the process frees the session when it sees the connection close
+            for channel, _ in self._lanes[1:]:
+                channel.connection.close()  # their threads in the process end; the first lane's waits for them
+            if held[0]:  # else the process frees the session when it sees the connection close
                 with contextlib.suppress(EOFError, OSError):
                     self._channel.send("release")
                     if self._channel.connection.poll(_RELEASE_TIMEOUT_S):
                         self._channel.receive(copy=True)
             self._channel.connection.close()
         finally:
-            if acquired:
-                self._lock.release()
+            for (_, lock), got in zip(self._lanes, held, strict=True):
+                if got:
+                    lock.release()
         host.session_bytes -= self.session_bytes
         self._pool.session_closed(host)
 
