@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from layerserve.engines.base import EngineKind
-from layerserve.engines.process.channel import Message
+from layerserve.engines.process.channel import Channel, Message
 from layerserve.engines.process.pool import EngineHost, EngineProcessPool
 from layerserve.errors import EngineProcessError, ModelLoadError
 from layerserve.tensors import Array, TensorSpec
@@ -57,7 +57,6 @@ class ProcessOnnxEngine:
         # Each lane a connection to the session with a thread of its own in the process: its batches run at the
         # same time as the other lanes' (ONNX Runtime's `run` may be called from several threads at once).
         self._lanes = [(each, threading.Lock()) for each in channels]
-        self._channel, self._lock = self._lanes[0]
         self.lanes = len(channels)
         self.session_bytes = int(body)
         host.session_bytes += self.session_bytes
@@ -83,10 +82,11 @@ class ProcessOnnxEngine:
             EngineProcessError: the process is gone (killed, out of memory, crashed), or the engine closed.
             RuntimeError: ONNX Runtime refused the batch (its message).
         """
-        channel, lock = next(((c, lk) for c, lk in self._lanes if lk.acquire(blocking=False)), (None, None))
-        if channel is None or lock is None:
-            channel, lock = self._lanes[0]
-            lock.acquire()
+        lane = self._free_lane()
+        if lane is None:
+            lane = self._lanes[0]
+            lane[1].acquire()
+        channel, lock = lane
         try:
             host = self._host
             if host is None:
@@ -110,9 +110,10 @@ class ProcessOnnxEngine:
             EngineProcessError, RuntimeError: as `run`.
         """
         loop = asyncio.get_running_loop()
-        channel, lock = next(((c, lk) for c, lk in self._lanes if lk.acquire(blocking=False)), (None, None))
-        if channel is None or lock is None:
+        lane = self._free_lane()
+        if lane is None:
             return await loop.run_in_executor(None, self.run, inputs)
+        channel, lock = lane
         host = self._host
         try:
             if host is None:
@@ -146,6 +147,10 @@ class ProcessOnnxEngine:
             raise EngineProcessError(host.gone(self._graph))
         return _outputs(received)
 
+    def _free_lane(self) -> tuple[Channel, threading.Lock] | None:
+        """A lane no call holds, now held for the caller; None when every lane is busy."""
+        return next((lane for lane in self._lanes if lane[1].acquire(blocking=False)), None)
+
     def close(self) -> None:
         """Free the session in its process (after the batch it runs); a process left without sessions is kept
         for the next one or stopped, and a stopped process returns all its memory."""
@@ -155,15 +160,16 @@ class ProcessOnnxEngine:
         # Each lane's batch ends first. Bounded: a call sent from an event loop that stopped before its answer came
         # would hold its lane forever.
         held = [lock.acquire(timeout=_RELEASE_TIMEOUT_S) for _, lock in self._lanes]
+        first = self._lanes[0][0]
         try:
             for channel, _ in self._lanes[1:]:
                 channel.connection.close()  # their threads in the process end; the first lane's waits for them
             if held[0]:  # else the process frees the session when it sees the connection close
                 with contextlib.suppress(EOFError, OSError):
-                    self._channel.send("release")
-                    if self._channel.connection.poll(_RELEASE_TIMEOUT_S):
-                        self._channel.receive(copy=True)
-            self._channel.connection.close()
+                    first.send("release")
+                    if first.connection.poll(_RELEASE_TIMEOUT_S):
+                        first.receive(copy=True)
+            first.connection.close()
         finally:
             for (_, lock), got in zip(self._lanes, held, strict=True):
                 if got:
