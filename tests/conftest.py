@@ -97,14 +97,15 @@ SLOW_ROWS = 4000  # rows of a request that keeps the slow model busy for a while
 @pytest.fixture(scope="session")
 def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A server with admin and API tokens, a 1 MB body limit, its gRPC door, over `mlp` and `slow` (one
-    request per model call, so that a second request waits in the queue while the first is computed)."""
+    request per model call and one lane in its engine process, so that a second request waits in the queue while
+    the first is computed)."""
     repo = tmp_path_factory.mktemp("guarded")
     save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
     save_model(build_slow(), repo / "slow" / "1", "model.keras")
     (repo / "slow" / "config.yaml").write_text("max_batch_size: 1\n")
     settings = Settings(
         model_repository=repo, engine_cache_dir=tmp_path_factory.mktemp("guarded-cache"), admin_token=ADMIN_TOKEN,
-        api_token=API_TOKEN, max_body_bytes=1024 * 1024, reload_interval_s=0,
+        api_token=API_TOKEN, max_body_bytes=1024 * 1024, reload_interval_s=0, engine_lanes=1,
     )  # fmt: skip
     live = start_server(settings, grpc=True)
     yield live
