@@ -238,7 +238,6 @@ def _child_start() -> None:
     """The child runs at background priority (before TensorFlow starts its threads), quiet, and dies with the
     server."""
     exit_with_parent()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     lower_priority()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s (preparer): %(message)s")
     import_tensorflow_quietly()  # every preparation loads a Keras model

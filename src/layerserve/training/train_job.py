@@ -29,7 +29,6 @@ def run(job_dir: Path) -> int:
     threads = int(job["threads"])
     for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         os.environ[name] = str(threads)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     from layerserve.errors import LayerserveError
     from layerserve.lifecycle.prepare import exit_with_parent, lower_priority

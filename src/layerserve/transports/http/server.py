@@ -16,7 +16,8 @@ not HTTP/1.1; and 408 to a head
 still coming `header_timeout_s` after its first byte (a client sending a header byte now and then kept its
 connection, and a file descriptor, for as long as it liked: the keep-alive timeout counts idle connections only);
 and 408 to a body from which nothing came for `body_timeout_s` while the server read it (a complete head, then a
-stalled body, held a connection forever too).
+stalled body, held a connection forever too). It speaks HTTP/1.1 only: a request asking for an upgrade (h2c, a
+WebSocket) is answered as HTTP/1.1, its body read past httptools, which leaves it to the new protocol.
 """
 
 from __future__ import annotations
