@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -239,3 +240,25 @@ async def test_a_load_config_with_an_unknown_key_is_refused_before_loading(
     with pytest.raises(ConfigError, match="config key 'batch' is not supported; supported keys: description, engine"):
         await reloader.load_model("m", {"batch": 4})
     assert registry.get("m") is served
+
+
+async def test_a_config_error_is_logged_once_over_polls_and_again_when_it_changes(
+    repo_and_reloader: tuple[Path, Reloader, ModelRegistry], caplog: pytest.LogCaptureFixture
+) -> None:
+    repo, reloader, registry = repo_and_reloader
+    config = repo / "m" / "config.yaml"
+    with caplog.at_level(logging.INFO, "layerserve.lifecycle.repository"):
+        config.write_text("max_batch_sise: 8\n")
+        for _ in range(3):
+            await reloader.poll()
+        config.write_text("max_batch_size: -1\n")
+        await reloader.poll()
+        await reloader.poll()
+        config.write_text("version_policy: all\n")
+        await reloader.poll()
+        await reloader.poll()
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in logged] == ["ERROR", "ERROR", "INFO"], logged
+    assert "'max_batch_sise': unknown key" in logged[0][1] and "max_batch_size" in logged[1][1], logged
+    assert logged[2][1] == "model m: its config.yaml is valid again"
+    assert (await answer(registry))[0] == 1  # the loaded version served throughout

@@ -10,7 +10,15 @@ from typing import Any
 
 from layerserve.engines.process.usage import trim_heap
 from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
-from layerserve.lifecycle.repository import ModelSpec, fingerprint, label_version, model_folders, scan_model, write_pin
+from layerserve.lifecycle.repository import (
+    ModelSpec,
+    fingerprint,
+    label_version,
+    model_folders,
+    report_problems,
+    scan_model,
+    write_pin,
+)
 from layerserve.metrics import hold_version_series, release_version_series
 from layerserve.serving.registry import ModelEntry, ModelRegistry
 from layerserve.serving.version import ModelVersion
@@ -212,7 +220,10 @@ class Reloader:
     async def _sync(self, name: str, wait_for_copies: bool, force: bool = False) -> ModelEntry:
         """Make one model's loaded versions equal to what its folder, policy and pin ask for."""
         spec = self._scan(name)
-        entry = self._entry(name)
+        entry = self._registry.models.get(name)
+        report_problems(spec, entry.spec if entry else None)
+        if entry is None:
+            entry = self._registry.models[name] = ModelEntry(spec)
         entry.spec, entry.pinned = spec, spec.pinned
         if force:
             entry.is_unloaded = False

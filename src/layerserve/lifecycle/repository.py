@@ -70,15 +70,12 @@ def scan_model(model_dir: Path, override: Mapping[str, Any] | None = None) -> Mo
     try:
         config = read_model_config(model_dir / CONFIG_FILE, override)
     except ConfigError as error:
-        log.error("model %s: %s", model_dir.name, error.message)
         return ModelSpec(model_dir.name, model_dir, ModelConfig(), error=error.message)
     present = _version_folders(model_dir) if model_dir.is_dir() else {}
     pinned = read_pin(model_dir)
     selected = set(config.version_policy.select(list(present)))
     if pinned in present:
         selected.add(pinned)
-    if not present:
-        log.warning("model %s has no version folders", model_dir.name)
     return ModelSpec(model_dir.name, model_dir, config, {v: present[v] for v in sorted(selected)}, "", present, pinned)
 
 
@@ -100,7 +97,22 @@ def scan(repository: Path) -> list[ModelSpec]:
     Raises:
         ConfigError: the repository folder does not exist.
     """
-    return [scan_model(model_dir) for model_dir in model_folders(repository)]
+    specs = [scan_model(model_dir) for model_dir in model_folders(repository)]
+    for spec in specs:
+        report_problems(spec, None)
+    return specs
+
+
+def report_problems(spec: ModelSpec, previous: ModelSpec | None) -> None:
+    """Log what is wrong with a model folder (an invalid config.yaml, no version folders) once: only when it
+    differs from what the `previous` scan of the same folder showed, so that polling does not repeat it."""
+    name = spec.name
+    if spec.error and (previous is None or previous.error != spec.error):
+        log.error("model %s: %s", name, spec.error)
+    elif not spec.error and previous is not None and previous.error:
+        log.info("model %s: its config.yaml is valid again", name)
+    if not spec.error and not spec.present and (previous is None or previous.error or previous.present):
+        log.warning("model %s has no version folders", name)
 
 
 def fingerprint(version_dir: Path) -> Fingerprint:
