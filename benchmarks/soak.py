@@ -69,6 +69,7 @@ class SoakOptions:
     train_at_fraction: float = 0.25
     repository: Path | None = None  # a demo repository to copy; None: build one
     work_dir: Path | None = None  # None: a new temporary folder
+    engine_cache_dir: Path | None = None  # None: a new one in the work folder (the server exports on start)
 
     @property
     def warmup(self) -> float:
@@ -308,7 +309,7 @@ def run_soak(options: SoakOptions) -> SoakReport:
     port, log = free_port(), work / "server.log"
     command = [sys.executable, "-m", "layerserve", "serve", str(repository), "--port", str(port),
                "--workers", str(options.workers), "--redis-url", f"redis://127.0.0.1:{redis.port}/0",
-               "--engine-cache-dir", str(work / "onnx-cache"), "--reload-interval-s", "1",
+               "--engine-cache-dir", str(options.engine_cache_dir or work / "onnx-cache"), "--reload-interval-s", "1",
                "--log-level", "warning"]  # fmt: skip
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     with log.open("wb") as output:
@@ -409,6 +410,7 @@ def main() -> int:
     parser.add_argument("--reconnect-s", type=float, default=defaults.reconnect_s)
     parser.add_argument("--warmup-s", type=float, default=None, help="default: 60 s or 20%% of the duration")
     parser.add_argument("--repository", type=Path, default=None, help="a demo repository to copy (default: build one)")
+    parser.add_argument("--engine-cache-dir", type=Path, default=None, help="the ONNX cache (default: a new one)")
     parser.add_argument("--output", type=Path, default=None, help="write the JSON report here")
     parser.add_argument("--json", type=Path, default=None, help="write the report, stamped, here (for the figures)")
     args = vars(parser.parse_args())

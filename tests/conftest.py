@@ -49,9 +49,16 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def settings(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    """Server settings over the test repository, with a private ONNX cache."""
-    return Settings(model_repository=repository, engine_cache_dir=tmp_path_factory.mktemp("onnx-cache"))
+def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's ONNX cache: a model file prepared by one test is not prepared again by the next (the cache is
+    keyed by the file's hash, and shared safely by servers side by side). Tests of preparation itself use their own."""
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+@pytest.fixture(scope="session")
+def settings(repository: Path, engine_cache: Path) -> Settings:
+    """Server settings over the test repository, with the session's ONNX cache."""
+    return Settings(model_repository=repository, engine_cache_dir=engine_cache)
 
 
 @pytest.fixture(scope="session")

@@ -32,9 +32,9 @@ ADMIN, API = "admin-secret-token", "api-secret-token"
 
 
 @pytest.fixture(scope="module")
-def guarded(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def guarded(repository: Path, engine_cache: Path) -> Iterator[LiveServer]:
     settings = Settings(
-        model_repository=repository, engine_cache_dir=tmp_path_factory.mktemp("guarded-cache"),
+        model_repository=repository, engine_cache_dir=engine_cache,
         admin_token=ADMIN, api_token=API, access_log=True, reload_interval_s=0,
     )  # fmt: skip
     live = start_server(settings)

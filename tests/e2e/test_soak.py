@@ -1,6 +1,6 @@
-"""45 s of the soak benchmark (benchmarks/soak.py) against `layerserve serve --workers 2`: mixed load, a new version
-every 4 s, Redis restarted twice, a training job; nothing fails and no serving process grows. (The benchmark itself
-runs for 30 minutes by default; this is its smoke test, sized for CI's time.)"""
+"""25 s of the soak benchmark (benchmarks/soak.py) against `layerserve serve --workers 2`: mixed load, a new version
+every 2.5 s, Redis restarted twice, a training job; nothing fails and no serving process grows. (The benchmark itself
+runs for 30 minutes by default; this is its smoke test, sized for CI's time, on the session's demo ONNX cache.)"""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from soak import KINDS, SERVING_ROLES, SoakOptions, run_soak
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_45_seconds_of_mixed_load(demo_repository: Path, tmp_path: Path) -> None:
+def test_25_seconds_of_mixed_load(demo_repository: Path, demo_engine_cache: Path, tmp_path: Path) -> None:
     options = SoakOptions(
-        duration_s=45, new_version_every_s=4, redis_restarts=2, train_rows=20, train_epochs=1,
-        train_at_fraction=0.1, warmup_s=15, repository=demo_repository, work_dir=tmp_path,
+        duration_s=25, new_version_every_s=2.5, redis_restarts=2, train_rows=20, train_epochs=1,
+        train_at_fraction=0.1, warmup_s=8, repository=demo_repository, work_dir=tmp_path,
+        engine_cache_dir=demo_engine_cache,
     )  # fmt: skip
     report = run_soak(options)
     assert report.failure_count == 0, report.failures[:5]

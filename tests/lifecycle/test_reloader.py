@@ -52,12 +52,12 @@ async def answer(registry: ModelRegistry, version: int | None = None) -> tuple[i
 
 @pytest.fixture
 async def repo_and_reloader(
-    tmp_path: Path, weights: dict[str, Path]
+    tmp_path: Path, weights: dict[str, Path], engine_cache: Path
 ) -> AsyncIterator[tuple[Path, Reloader, ModelRegistry]]:
     repo = tmp_path / "repo"
     add_version(repo, 1, weights["a"])
     (repo / "m" / "config.yaml").write_text("version_policy: all\n")
-    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache"))
+    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=engine_cache))
     reloader = Reloader(registry)
     await reloader.start()
     yield repo, reloader, registry
@@ -123,10 +123,12 @@ async def test_corrupt_new_version_is_failed_and_the_old_serves(
         await reloader.apply("m", 3)
 
 
-async def test_latest_policy_unloads_older_versions(tmp_path: Path, weights: dict[str, Path]) -> None:
+async def test_latest_policy_unloads_older_versions(
+    tmp_path: Path, weights: dict[str, Path], engine_cache: Path
+) -> None:
     repo = tmp_path / "repo"
     add_version(repo, 1, weights["a"])
-    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache"))
+    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=engine_cache))
     reloader = Reloader(registry)
     await reloader.start()
     add_version(repo, 2, weights["b"])
@@ -136,11 +138,13 @@ async def test_latest_policy_unloads_older_versions(tmp_path: Path, weights: dic
     registry.close()
 
 
-async def test_apply_loads_pins_persists_and_survives_a_restart(tmp_path: Path, weights: dict[str, Path]) -> None:
+async def test_apply_loads_pins_persists_and_survives_a_restart(
+    tmp_path: Path, weights: dict[str, Path], engine_cache: Path
+) -> None:
     repo = tmp_path / "repo"
     add_version(repo, 1, weights["a"])
     add_version(repo, 2, weights["b"])
-    settings = Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache")
+    settings = Settings(model_repository=repo, engine_cache_dir=engine_cache)
     registry = ModelRegistry(settings)
     reloader = Reloader(registry)
     await reloader.start()
@@ -178,11 +182,11 @@ async def test_unload_and_load(repo_and_reloader: tuple[Path, Reloader, ModelReg
 
 
 async def test_deselected_versions_serve_until_their_replacements_are_ready(
-    tmp_path: Path, weights: dict[str, Path]
+    tmp_path: Path, weights: dict[str, Path], engine_cache: Path
 ) -> None:
     repo = tmp_path / "repo"
     add_version(repo, 1, weights["a"])
-    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache"))
+    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=engine_cache))
     reloader = Reloader(registry)
     await reloader.start()
     add_version(repo, 2, weights["b"])

@@ -85,13 +85,11 @@ class GatedEngine:
 
 
 @pytest.fixture
-def gated(repository: Path, tmp_path: Path) -> Iterator[tuple[LiveServer, GatedEngine]]:
+def gated(repository: Path, tmp_path: Path, engine_cache: Path) -> Iterator[tuple[LiveServer, GatedEngine]]:
     mlp_only = tmp_path / "repo"
     (mlp_only / "mlp").mkdir(parents=True)
     (mlp_only / "mlp" / "1").symlink_to(repository / "mlp" / "1")
-    settings = Settings(
-        model_repository=mlp_only, engine_cache_dir=tmp_path / "cache", max_queue_size=2, inline_max_ms=0
-    )
+    settings = Settings(model_repository=mlp_only, engine_cache_dir=engine_cache, max_queue_size=2, inline_max_ms=0)
     live = start_server(settings)  # inline_max_ms=0: the gated engine must block its thread, not the loop
     version = live.server.config.app.state.runtime.registry.get("mlp")
     engine = GatedEngine(version.engine, threading.Event())

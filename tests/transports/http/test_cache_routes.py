@@ -60,9 +60,9 @@ def cached_repo(repository: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cached_server(cached_repo: Path, redis_server: RedisServer, tmp_path: Path) -> Iterator[LiveServer]:
+def cached_server(cached_repo: Path, redis_server: RedisServer, engine_cache: Path) -> Iterator[LiveServer]:
     settings = Settings(
-        model_repository=cached_repo, engine_cache_dir=tmp_path / "cache", redis_url=redis_server.url,
+        model_repository=cached_repo, engine_cache_dir=engine_cache, redis_url=redis_server.url,
         redis_timeout_ms=100, cache_key_prefix=f"t{free_port()}:",
     )  # fmt: skip
     live = start_server(settings)
@@ -130,7 +130,7 @@ def test_two_server_processes_share_entries(cached_server: LiveServer, cached_re
     settings: Any = cached_server.server.config.app.state.runtime.settings
     port = free_port()
     command = [sys.executable, "-m", "layerserve", "serve", str(cached_repo), "--port", str(port), "--grpc-port", "0",
-               "--engine-cache-dir", str(tmp_path / "other"), "--redis-url", settings.redis_url,
+               "--engine-cache-dir", str(settings.engine_cache_dir), "--redis-url", settings.redis_url,
                "--cache-key-prefix", settings.cache_key_prefix]  # fmt: skip
     log = tmp_path / "other.log"
     with log.open("wb") as output:

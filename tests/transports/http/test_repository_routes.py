@@ -57,13 +57,13 @@ def add_version(repo: Path, number: int, source: Path) -> None:
 
 
 @pytest.fixture
-def swap_server(tmp_path: Path, weights: dict[str, Path]) -> Iterator[tuple[LiveServer, Path]]:
+def swap_server(tmp_path: Path, weights: dict[str, Path], engine_cache: Path) -> Iterator[tuple[LiveServer, Path]]:
     repo = tmp_path / "repo"
     (repo / "m").mkdir(parents=True)
     add_version(repo, 1, weights["a"])
     add_version(repo, 2, weights["b"])
     (repo / "m" / "config.yaml").write_text("version_policy: {latest: 2}\n")
-    settings = Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache", reload_interval_s=0.1)
+    settings = Settings(model_repository=repo, engine_cache_dir=engine_cache, reload_interval_s=0.1)
     live = start_server(settings)
     yield live, repo
     live.stop()
@@ -185,7 +185,7 @@ def test_strict_hot_swap_zero_failed_requests(
 
 
 def test_version_swapped_out_while_a_request_awaits_still_answers_it(
-    tmp_path: Path, weights: dict[str, Path], references: dict[str, np.ndarray]
+    tmp_path: Path, weights: dict[str, Path], references: dict[str, np.ndarray], engine_cache: Path
 ) -> None:
     """A request holds the version it got from the start: here it waits on a stalled feature cache while its
     version is reloaded with other weights, and is answered by the version it started with."""
@@ -196,7 +196,7 @@ def test_version_swapped_out_while_a_request_awaits_still_answers_it(
     redis = RedisServer()
     redis.start()
     settings = Settings(
-        model_repository=repo, engine_cache_dir=tmp_path / "cache", redis_url=redis.url, redis_timeout_ms=10_000,
+        model_repository=repo, engine_cache_dir=engine_cache, redis_url=redis.url, redis_timeout_ms=10_000,
         reload_interval_s=0,
     )  # fmt: skip
     live = start_server(settings)

@@ -234,11 +234,13 @@ def test_malformed_json_and_binary_header_errors(server: LiveServer) -> None:
     assert response.status_code == 400 and "does not match shape [1, 10]" in response.json()["error"]
 
 
-def test_body_over_the_limit_is_413(repository: Path, tmp_path: Path) -> None:
+def test_body_over_the_limit_is_413(repository: Path, engine_cache: Path) -> None:
     from layerserve.settings import Settings
     from tests.live_server import start_server
 
-    small = start_server(Settings(model_repository=repository / "mlp", engine_cache_dir=tmp_path, max_body_bytes=1000))
+    small = start_server(
+        Settings(model_repository=repository / "mlp", engine_cache_dir=engine_cache, max_body_bytes=1000)
+    )
     try:
         response = httpx.post(f"{small.url}/v2/models/1/infer", content=b"x" * 5000)
         assert response.status_code == 413
