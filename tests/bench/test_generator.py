@@ -10,7 +10,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from layerserve.bench.generator import BenchOptions, InProcessModel, _taking_turns, build_workload, run_bench
+from layerserve.bench.generator import (
+    BenchOptions,
+    InProcessModel,
+    _taking_turns,
+    build_workload,
+    print_report,
+    run_bench,
+)
 from tests.live_server import LiveServer
 
 
@@ -36,7 +43,11 @@ def test_concurrency_1_takes_turns_request_by_request_with_the_model_in_process(
 
 
 def test_bench_tensor_workload_with_bare_baseline_and_ceiling(
-    server: LiveServer, repository: Path, tmp_path: Path
+    server: LiveServer,
+    repository: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     options = BenchOptions(
         url=server.url, model="multi", workload="tensor", concurrency=[1, 4], duration_s=0.5, rows=3,
@@ -62,6 +73,13 @@ def test_bench_tensor_workload_with_bare_baseline_and_ceiling(
     assert [s["concurrency"] for s in report["bare"]] == [1, 4]
     assert json.loads((tmp_path / "r.json").read_text())["steps"][0]["concurrency"] == 1
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setenv("COLUMNS", "80")  # a pipe's width: the table is wider, and no figure may be cut short
+    capsys.readouterr()
+    print_report(report)
+    printed = capsys.readouterr().out
+    assert "…" not in printed, printed
+    for step in steps:
+        assert f"{step['req_s']:.1f}" in printed and f"{step['vs_bare']:.2f}" in printed, printed
 
 
 def test_json_workload_and_errors_by_status(server: LiveServer) -> None:

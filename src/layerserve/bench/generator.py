@@ -513,6 +513,7 @@ def _drive_into(
 def print_report(report: dict[str, Any]) -> None:
     """The results as a table on the terminal."""
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
     table = Table(title=f"{report['options']['workload']} workload on {report['options']['model']}")
@@ -530,6 +531,10 @@ def print_report(report: dict[str, Any]) -> None:
             f"{step['vs_bare']:.2f}" if "vs_bare" in step else "-",
         )  # fmt: skip
     console = Console()
+    width = Measurement.get(console, console.options.update_width(1000), table).maximum  # its natural width
+    if width > console.width:
+        # A pipe (80 columns) or a narrow terminal: rich would cut the figures to "352…"; lines may wrap instead.
+        console = Console(width=width)
     console.print(table)
     if "in_process" in report:
         ceiling = report["in_process"]
