@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +52,27 @@ def test_bad_setting_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flag", "workers"),
+    [("--port", "1"), ("--grpc-port", "1"), ("--grpc-port", "2")],
+    ids=["http", "grpc", "grpc of 2 workers"],
+)
+def test_serve_refuses_a_port_another_program_listens_on_before_loading(
+    repository: Path, flag: str, workers: str
+) -> None:
+    ports = {"--port": free_port(), "--grpc-port": free_port()}
+    with socket.create_server(("127.0.0.1", ports[flag])):  # another program, listening
+        command = [*LAYERSERVE, "serve", str(repository), "--workers", workers]
+        command += [part for name, port in ports.items() for part in (name, str(port))]
+        result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=120, check=False)
+    # Several workers bind the gRPC port with SO_REUSEPORT: without the check, each bound it beside the other program.
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"layerserve: cannot listen on 127.0.0.1:{ports[flag]}: another program listens there; stop it, or choose "
+        f"another port with {flag}" + (" (0: no gRPC service)" if flag == "--grpc-port" else "")
+    ]  # one line, before anything loads
+
+
 def test_serve_end_to_end(repository: Path, tmp_path: Path) -> None:
     port = free_port()
     command = [*LAYERSERVE, "serve", str(repository), "--port", str(port), "--grpc-port", "0"]

@@ -59,12 +59,15 @@ def _serve(args: argparse.Namespace) -> int:
     from layerserve.runtime import Runtime
     from layerserve.transports.http.app import SETTINGS_VARIABLE, create_app
     from layerserve.transports.http.server import uvicorn_options
+    from layerserve.transports.ports import check_can_listen
 
     settings = _settings(args, model_repository=args.repository)
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
     if not settings.model_repository.is_dir():
         raise LayerserveError(f"model repository {settings.model_repository} is not a folder")
     apply_settings(settings)
+    check_can_listen(settings.host, settings.port, "--port")
+    check_can_listen(settings.host, settings.grpc_port, "--grpc-port (0: no gRPC service)")
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler it found: make that
     # handler a no-op so that a clean shutdown exits with status 0, as process supervisors expect.
     signal.signal(signal.SIGTERM, lambda *_: None)

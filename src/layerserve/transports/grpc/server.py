@@ -16,14 +16,11 @@ from layerserve.settings import Settings
 from layerserve.transports.grpc.calls import CallGuard
 from layerserve.transports.grpc.connection import GrpcConnection
 from layerserve.transports.grpc.servicer import InferenceServicer, ServingState
+from layerserve.transports.ports import address
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-
-
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class MethodTable:
@@ -74,7 +71,7 @@ class GrpcDoor:
             RuntimeError: the port cannot be bound (the app then fails to start).
         """
         settings = self._settings
-        address = _address(settings.host, settings.grpc_port)
+        where = address(settings.host, settings.grpc_port)
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         loop = asyncio.get_running_loop()
@@ -86,9 +83,9 @@ class GrpcDoor:
                 reuse_port=settings.workers > 1,
             )
         except OSError as error:
-            raise RuntimeError(f"Failed to bind the gRPC port {address}: {error.strerror or error}") from error
+            raise RuntimeError(f"Failed to bind the gRPC port {where}: {error.strerror or error}") from error
         self._serving = asyncio.create_task(self._serve_when_settled())
-        log.info("gRPC service on %s", address)
+        log.info("gRPC service on %s", where)
 
     async def _serve_when_settled(self) -> None:
         await self._state.registry.wait_settled()
