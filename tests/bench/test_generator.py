@@ -18,7 +18,8 @@ from layerserve.bench.generator import (
     print_report,
     run_bench,
 )
-from tests.live_server import LiveServer
+from layerserve.errors import BadRequestError
+from tests.live_server import LiveServer, free_port
 
 
 def _rows_served(server: LiveServer, model: str, version: str) -> float:
@@ -89,6 +90,19 @@ def test_json_workload_and_errors_by_status(server: LiveServer) -> None:
         BenchOptions(url=server.url, model="corrupt", workload="tensor", concurrency=[1], duration_s=0.3)
     )
     assert set(report["steps"][0]["errors"]) == {"503"}
+
+
+def test_a_server_that_is_down_or_lacks_the_model_is_one_clear_error(server: LiveServer) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    for workload in ("tensor", "text"):
+        with pytest.raises(
+            BadRequestError, match=rf"^cannot reach the server at {down}/v2/models/mlp: .*; is it running"
+        ):
+            run_bench(BenchOptions(url=down, model="mlp", workload=workload, concurrency=[1], duration_s=0.3))
+    with pytest.raises(
+        BadRequestError, match=r"^GET .*/v2/models/nosuch answered 404: unknown model 'nosuch'; models: "
+    ):
+        run_bench(BenchOptions(url=server.url, model="nosuch", workload="tensor", concurrency=[1], duration_s=0.3))
 
 
 def test_grpc_protocol_counts_every_request(server: LiveServer) -> None:

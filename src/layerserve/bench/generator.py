@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import math
 import re
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -67,8 +69,22 @@ class StepResult:
 
 
 def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as response:  # the user's own server URL
-        return json.loads(response.read())
+    """GET `url` (the user's own server) as JSON.
+
+    Raises:
+        BadRequestError: the server cannot be reached, or answers with an error (its message is quoted).
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        body = error.read().decode("utf-8", "replace")
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # not our JSON error: quoted as it came
+            body = json.loads(body)["error"]
+        raise BadRequestError(f"GET {url} answered {error.code}: {body}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise BadRequestError(f"cannot reach the server at {url}: {reason}; is it running?") from None
 
 
 def build_workload(
@@ -460,6 +476,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     """Measure the server (and optionally the in-process ceiling and the bare stack); returns the report."""
     import multiprocessing
 
+    _get_json(f"{options.url}/v2/models/{options.model}")  # the server answers, and serves the model
     workload = build_workload(
         options.url, options.model, options.workload, options.rows, options.image, options.outputs,
         options.use_cache, options.text,
