@@ -38,6 +38,17 @@ def test_models_lists_versions_inputs_outputs_and_layers(repository: Path) -> No
     ]
 
 
+def test_models_of_a_folder_without_model_folders_says_what_it_expected(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*LAYERSERVE, "models", str(tmp_path)], capture_output=True, text=True, env=ENV, check=False
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert (
+        result.stderr
+        == f"layerserve: {tmp_path} has no model folders: expected {tmp_path}/<model>/<version>/model.keras\n"
+    )
+
+
 def test_serve_rejects_a_missing_repository(tmp_path: Path) -> None:
     result = subprocess.run(
         [*LAYERSERVE, "serve", str(tmp_path / "nope")], capture_output=True, text=True, env=ENV, check=False

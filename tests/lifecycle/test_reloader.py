@@ -266,3 +266,19 @@ async def test_a_config_error_is_logged_once_over_polls_and_again_when_it_change
     assert "'max_batch_sise': unknown key" in logged[0][1] and "max_batch_size" in logged[1][1], logged
     assert logged[2][1] == "model m: its config.yaml is valid again"
     assert (await answer(registry))[0] == 1  # the loaded version served throughout
+
+
+@pytest.mark.parametrize("models", ["", "efficientnet*"])
+async def test_a_repository_without_model_folders_is_a_warning_naming_the_layout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, models: str
+) -> None:
+    (tmp_path / "repo" / "other").mkdir(parents=True)  # a model folder the setting models leaves out
+    repo = tmp_path / "repo" if models else tmp_path / "repo" / "other"
+    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache", models=models))
+    with caplog.at_level(logging.WARNING, "layerserve.lifecycle.reloader"):
+        await Reloader(registry).start()
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"the repository {repo} has no model folders") and f"{repo}/<model>/<version>/" in message
+    assert ("the setting models ('efficientnet*') selects" in message) == bool(models), message
+    assert registry.is_ready and registry.models == {}
+    registry.close()

@@ -64,7 +64,15 @@ class Reloader:
         """Load every model of the repository now (no stability wait), then mark the registry settled."""
         try:
             async with self._lock:
-                for folder in self._served_folders():
+                folders = self._served_folders()
+                if not folders:
+                    selected = f" that the setting models ({self._registry.settings.models!r}) selects"
+                    log.warning(
+                        "the repository %s has no model folders%s: expected %s/<model>/<version>/model.keras; "
+                        "models copied in later are loaded within a poll",
+                        self._repository, selected if self._registry.settings.models else "", self._repository,
+                    )  # fmt: skip
+                for folder in folders:
                     await self._sync(folder.name, wait_for_copies=False)
         finally:
             self._registry.mark_settled()
