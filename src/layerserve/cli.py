@@ -118,12 +118,12 @@ def _models(args: argparse.Namespace) -> int:
     from layerserve.lifecycle.repository import scan
 
     settings = _settings(args, model_repository=args.repository)
-    specs = scan(settings.model_repository)
-    if not specs:
+    found = scan(settings.model_repository)
+    if not found:
         repository = settings.model_repository
         raise LayerserveError(f"{repository} has no model folders: expected {repository}/<model>/<version>/model.keras")
     import_tensorflow_quietly()
-    for spec in specs:
+    for spec in found:
         print(f"{spec.name}{'  INVALID: ' + spec.error if spec.error else ''}")
         for number, path in sorted(spec.versions.items()):
             try:
