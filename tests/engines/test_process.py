@@ -188,6 +188,29 @@ def test_batches_sent_at_once_run_side_by_side_on_the_sessions_lanes(multi_graph
     assert pid is not None and not is_running(pid)
 
 
+def test_a_call_with_every_lane_busy_takes_the_first_to_free(multi_graph: tuple[object, Path]) -> None:
+    model, graph = multi_graph
+    inputs = read_signature(model).inputs
+    pool = EngineProcessPool(0, lanes=2)
+    engine = ProcessOnnxEngine(pool, graph, inputs, 1, 1)
+    first, second = engine._take_lane(wait=False), engine._take_lane(wait=False)  # as two batches computing
+    assert first is not None and second is not None and engine._take_lane(wait=False) is None
+    answers: list[list[np.ndarray]] = []
+    caller = threading.Thread(target=lambda: answers.append(engine.run(probe_batch(inputs, 2))))
+    try:
+        caller.start()
+        time.sleep(0.2)
+        assert not answers  # it waits
+        engine._give_back(second)  # the second lane frees first, while the first stays busy
+        caller.join(30)
+        assert answers and answers[0][1].shape == (2, 5)  # it ran on the second lane (it waited on the first before)
+    finally:
+        engine._give_back(first)
+        caller.join(30)
+        engine.close()
+        pool.stop_idle()
+
+
 def test_a_closing_engine_refuses_a_call_on_a_free_lane_and_its_process_serves_on(
     multi_graph: tuple[object, Path],
 ) -> None:
@@ -200,18 +223,18 @@ def test_a_closing_engine_refuses_a_call_on_a_free_lane_and_its_process_serves_o
     closing, neighbour = ProcessOnnxEngine(pool, graph, inputs, 1, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 1)
     pid = closing.pid
     first_lane, second_lane = closing._lanes
-    first_lane[1].acquire()  # as a batch computing on the first lane holds it
+    assert closing._take_lane(wait=False) is first_lane  # as a batch computing on the first lane holds it
     closer = threading.Thread(target=closing.close)
     try:
         closer.start()
         for _ in range(1000):
-            if closing.pid is None or second_lane[0].connection.closed:
+            if closing.pid is None or second_lane.channel.connection.closed:
                 break
             time.sleep(0.01)
         with pytest.raises(EngineProcessError, match="is closed"):
             closing.run(probe_batch(inputs, 2))
     finally:
-        first_lane[1].release()  # the batch ends: close() goes on
+        closing._give_back(first_lane)  # the batch ends: close() goes on
         closer.join(30)
     assert not closer.is_alive() and is_running(pid)  # type: ignore[arg-type]
     try:

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from layerserve.engines.base import EngineKind
@@ -16,6 +18,14 @@ from layerserve.errors import EngineProcessError, ModelLoadError
 from layerserve.tensors import Array, TensorSpec
 
 _RELEASE_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Lane:
+    """A connection to the session, with a thread of its own in the engine process; busy while a call holds it."""
+
+    channel: Channel
+    busy: bool = False
 
 
 class ProcessOnnxEngine:
@@ -56,7 +66,8 @@ class ProcessOnnxEngine:
         self._host: EngineHost | None = host
         # Each lane a connection to the session with a thread of its own in the process: its batches run at the
         # same time as the other lanes' (ONNX Runtime's `run` may be called from several threads at once).
-        self._lanes = [(each, threading.Lock()) for each in channels]
+        self._lanes = [Lane(each) for each in channels]
+        self._lane_freed = threading.Condition()
         self.lanes = len(channels)
         self.session_bytes = int(body)
         host.session_bytes += self.session_bytes
@@ -76,28 +87,25 @@ class ProcessOnnxEngine:
         return self.session_bytes, rest // host.sessions
 
     def run(self, inputs: list[Array]) -> list[Array]:
-        """Compute the outputs for one batch, in the engine's process (on a free lane, else after the first's).
+        """Compute the outputs for one batch, in the engine's process (on a free lane, else the first to free).
 
         Raises:
             EngineProcessError: the process is gone (killed, out of memory, crashed), or the engine closed.
             RuntimeError: ONNX Runtime refused the batch (its message).
         """
-        lane = self._free_lane()
-        if lane is None:
-            lane = self._lanes[0]
-            lane[1].acquire()
-        channel, lock = lane
+        lane = self._take_lane(wait=True)
+        assert lane is not None
         try:
             host = self._host
             if host is None:
                 raise EngineProcessError(f"the engine of {self._graph} is closed")
             try:
-                channel.send_arrays(inputs)
-                received = channel.receive(copy=True)
+                lane.channel.send_arrays(inputs)
+                received = lane.channel.receive(copy=True)
             except (EOFError, OSError):
                 raise EngineProcessError(host.gone(self._graph)) from None
         finally:
-            lock.release()
+            self._give_back(lane)
         return _outputs(received)
 
     async def run_async(self, inputs: list[Array]) -> list[Array]:
@@ -110,20 +118,20 @@ class ProcessOnnxEngine:
             EngineProcessError, RuntimeError: as `run`.
         """
         loop = asyncio.get_running_loop()
-        lane = self._free_lane()
+        lane = self._take_lane(wait=False)
         if lane is None:
             return await loop.run_in_executor(None, self.run, inputs)
-        channel, lock = lane
+        channel = lane.channel
         host = self._host
         try:
             if host is None:
                 raise EngineProcessError(f"the engine of {self._graph} is closed")
             channel.send_arrays(inputs)
         except (EOFError, OSError):
-            lock.release()
+            self._give_back(lane)
             raise EngineProcessError(host.gone(self._graph)) from None  # type: ignore[union-attr]
         except BaseException:
-            lock.release()
+            self._give_back(lane)
             raise
         answer: asyncio.Future[Message | None] = loop.create_future()
         fd = channel.connection.fileno()
@@ -137,7 +145,7 @@ class ProcessOnnxEngine:
             except (EOFError, OSError):
                 pass  # the process is gone: None
             finally:
-                lock.release()
+                self._give_back(lane)
             if not answer.done():
                 answer.set_result(received)
 
@@ -147,9 +155,24 @@ class ProcessOnnxEngine:
             raise EngineProcessError(host.gone(self._graph))
         return _outputs(received)
 
-    def _free_lane(self) -> tuple[Channel, threading.Lock] | None:
-        """A lane no call holds, now held for the caller; None when every lane is busy."""
-        return next((lane for lane in self._lanes if lane[1].acquire(blocking=False)), None)
+    def _take_lane(self, wait: bool) -> Lane | None:
+        """A lane no call holds, now held for the caller: with `wait`, the first to free when every lane is busy;
+        without, None then."""
+        with self._lane_freed:
+            while True:
+                lane = next((lane for lane in self._lanes if not lane.busy), None)
+                if lane is not None:
+                    lane.busy = True
+                    return lane
+                if not wait:
+                    return None
+                self._lane_freed.wait()
+
+    def _give_back(self, lane: Lane) -> None:
+        """The caller is done with `lane`: the next caller may take it."""
+        with self._lane_freed:
+            lane.busy = False
+            self._lane_freed.notify_all()  # a blocking call waits for any lane, close() for each
 
     def close(self) -> None:
         """Free the session in its process (after the batch it runs); a process left without sessions is kept
@@ -159,11 +182,18 @@ class ProcessOnnxEngine:
             return
         # Each lane's batch ends first. Bounded: a call sent from an event loop that stopped before its answer came
         # would hold its lane forever.
-        held = [lock.acquire(timeout=_RELEASE_TIMEOUT_S) for _, lock in self._lanes]
-        first = self._lanes[0][0]
+        deadline = time.monotonic() + _RELEASE_TIMEOUT_S
+        held = []
+        with self._lane_freed:
+            for lane in self._lanes:
+                while lane.busy and (left := deadline - time.monotonic()) > 0:
+                    self._lane_freed.wait(left)
+                held.append(not lane.busy)
+                lane.busy = True
+        first = self._lanes[0].channel
         try:
-            for channel, _ in self._lanes[1:]:
-                channel.connection.close()  # their threads in the process end; the first lane's waits for them
+            for lane in self._lanes[1:]:
+                lane.channel.connection.close()  # their threads in the process end; the first lane's waits for them
             if held[0]:  # else the process frees the session when it sees the connection close
                 with contextlib.suppress(EOFError, OSError):
                     first.send("release")
@@ -171,9 +201,9 @@ class ProcessOnnxEngine:
                         first.receive(copy=True)
             first.connection.close()
         finally:
-            for (_, lock), got in zip(self._lanes, held, strict=True):
+            for lane, got in zip(self._lanes, held, strict=True):
                 if got:
-                    lock.release()
+                    self._give_back(lane)
         host.session_bytes -= self.session_bytes
         self._pool.session_closed(host)
 
