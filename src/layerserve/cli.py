@@ -172,7 +172,11 @@ def _train(args: argparse.Namespace) -> int:
     configure_logging("warning")
     check_model_name(args.model)
     fmt = format_of(args.data.name, args.format)
-    texts, labels = parse_dataset(args.data.read_bytes(), fmt, args.text_column, args.label_column)
+    try:
+        data = args.data.read_bytes()
+    except OSError as error:
+        raise LayerserveError(f"cannot read the dataset {args.data}: {error.strerror or error}") from None
+    texts, labels = parse_dataset(data, fmt, args.text_column, args.label_column)
     check_dataset(texts, labels)
     model_dir = args.repository / args.model
     check_text_model(model_dir)

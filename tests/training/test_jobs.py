@@ -280,6 +280,11 @@ def test_cli_train_writes_and_pins_a_version(tmp_path: Path) -> None:
     assert "input: text" in (tmp_path / "repo" / "zh" / "config.yaml").read_text()
     bad = subprocess.run([*command, "--epochs", "0"], capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode == 2 and "param 'epochs'" in bad.stderr
+    missing = [*command[:-1], str(tmp_path / "nope.csv")]
+    gone = subprocess.run(missing, capture_output=True, text=True, timeout=300, check=False)
+    assert (gone.returncode, gone.stderr) == (
+        2, f"layerserve: cannot read the dataset {tmp_path / 'nope.csv'}: No such file or directory\n"
+    )  # fmt: skip
 
 
 def _open_store_when_told(path: str, start: Any) -> None:
