@@ -282,3 +282,25 @@ async def test_a_repository_without_model_folders_is_a_warning_naming_the_layout
     assert ("the setting models ('efficientnet*') selects" in message) == bool(models), message
     assert registry.is_ready and registry.models == {}
     registry.close()
+
+
+async def test_an_engine_cache_that_cannot_be_written_is_one_error_and_models_serve_on_keras(
+    tmp_path: Path, weights: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    repo = tmp_path / "repo"
+    add_version(repo, 1, weights["a"])
+    (tmp_path / "a-file").write_text("where the cache's parent folder should be")
+    cache = tmp_path / "a-file" / "cache"
+    registry = ModelRegistry(Settings(model_repository=repo, engine_cache_dir=cache))
+    with caplog.at_level(logging.INFO, "layerserve"):
+        await Reloader(registry).start()
+    try:
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and errors[0].startswith(f"the engine cache {cache} cannot be written ("), errors
+        assert "--engine-cache-dir" in errors[0]
+        assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+        version, served = await answer(registry)
+        assert version == 1 and registry.models["m"].versions[1].engine_name == "keras"
+        np.testing.assert_allclose(served, expected(weights, "a"), atol=1e-5)
+    finally:
+        registry.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import tempfile
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib import metadata
@@ -112,6 +113,17 @@ def max_difference(expected: list[Array], actual: list[Array]) -> float:
 def onnx_cache_path(cache_dir: Path, digest: str) -> Path:
     """Where the export of a model file with this digest is cached, per exporter version."""
     return cache_dir / f"{digest[:40]}-{_exporter_tag()}.onnx"
+
+
+def cache_problem(cache_dir: Path) -> str:
+    """Why exports cannot be kept in `cache_dir` (created when missing), as the OS says; "" when they can."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        return str(error)
+    return ""
 
 
 @functools.cache

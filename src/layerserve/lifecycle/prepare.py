@@ -10,6 +10,7 @@ output in the export, so that the server cuts the graph there without Keras (see
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -139,7 +140,8 @@ def _write_record(cache_file: Path, data: dict[str, Any]) -> None:
         temporary.replace(target)
     except OSError as error:
         log.warning("cannot keep the preparation record %s: %s", target, error)
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not only missing: its folder may be a file, or gone
+            temporary.unlink()
 
 
 # --- In the child process -------------------------------------------------------------------------------

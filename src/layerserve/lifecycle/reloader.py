@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from layerserve.engines.base import cache_problem
 from layerserve.engines.process.usage import trim_heap
 from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
 from layerserve.lifecycle.repository import (
@@ -62,6 +63,14 @@ class Reloader:
 
     async def start(self) -> None:
         """Load every model of the repository now (no stability wait), then mark the registry settled."""
+        settings = self._registry.settings
+        problem = cache_problem(settings.engine_cache_dir) if settings.engine != "keras" else ""
+        if problem:
+            log.error(
+                "the engine cache %s cannot be written (%s): no model can be exported to ONNX, each serves on Keras; "
+                "set engine_cache_dir (--engine-cache-dir) to a writable folder",
+                settings.engine_cache_dir, problem,
+            )  # fmt: skip
         try:
             async with self._lock:
                 folders = self._served_folders()
