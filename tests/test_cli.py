@@ -108,3 +108,5 @@ def test_serve_end_to_end(repository: Path, tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
+    # The server imported TensorFlow for Keras: its import notices (absl's, oneDNN's) are left out of the log.
+    assert "absl::InitializeLog" not in log.read_text() and "oneDNN" not in log.read_text(), log.read_text()

@@ -43,6 +43,9 @@ def configure_tensorflow() -> None:
     with _lock:
         if _configured.is_set():
             return
+        from layerserve.logs import import_tensorflow_quietly
+
+        import_tensorflow_quietly()  # the first import of TensorFlow in most processes: none of its notices
         import tensorflow as tf
 
         limit = memory_limit_mb()

@@ -106,9 +106,9 @@ def load_model(path: Path, trust: bool) -> Any:
     Raises:
         ModelLoadError: the file is corrupt, unsafe, or uses unknown layers.
     """
+    configure_tensorflow()  # TensorFlow imported (quietly) and set up before Keras imports it
     import keras
 
-    configure_tensorflow()
     try:
         if path.is_dir():
             return _wrap_saved_model(path)
