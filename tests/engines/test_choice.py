@@ -3,6 +3,7 @@ child process that loads, exports and verifies off the server process."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import file_digest, read_signature
 from layerserve.lifecycle.prepare import ModelSource, Preparer, read_record
 from layerserve.serving.layers import LayerGraph
-from tests.models import build_multi, build_nested, save_model
+from tests.models import build_mlp, build_multi, build_nested, save_model
 
 
 def test_onnx_matches_keras(tmp_path: Path) -> None:
@@ -148,3 +149,27 @@ def test_model_source_refuses_a_file_that_changed(tmp_path: Path) -> None:
 def test_verdict_round_trips() -> None:
     for verdict in (Verdict(1.5e-6), Verdict(None, "ONNX export failed: x")):
         assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+def test_an_export_failed_by_the_disk_is_not_kept_and_the_next_load_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from layerserve.engines import onnx
+    from layerserve.lifecycle.prepare import prepare_model
+
+    path = save_model(build_mlp(3), tmp_path / "m", "model.keras")
+    source = ModelSource(path, file_digest(path), trust=False)
+    cache = onnx_cache_path(tmp_path / "cache", source.digest)
+    cache.parent.mkdir()
+
+    def disk_full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(onnx, "export_onnx", disk_full)
+        failed = prepare_model(source, cache, 2)
+    assert failed["max_difference"] is None and "No space left on device" in failed["export_error"]
+    assert read_record(cache) is None  # not kept: the disk may have room by the next load
+    exported = prepare_model(source, cache, 2)
+    assert exported["max_difference"] is not None and exported["max_difference"] < 1e-4
+    assert read_record(cache) == {"format": read_record(cache)["format"], **exported}  # type: ignore[index]

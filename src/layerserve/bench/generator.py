@@ -76,15 +76,21 @@ def _get_json(url: str) -> Any:
     """
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
-            return json.loads(response.read())
+            body = response.read()
     except urllib.error.HTTPError as error:
-        body = error.read().decode("utf-8", "replace")
+        answer = error.read().decode("utf-8", "replace")
         with contextlib.suppress(ValueError, KeyError, TypeError):  # not our JSON error: quoted as it came
-            body = json.loads(body)["error"]
-        raise BadRequestError(f"GET {url} answered {error.code}: {body}") from None
-    except (urllib.error.URLError, OSError) as error:
+            answer = json.loads(answer)["error"]
+        raise BadRequestError(f"GET {url} answered {error.code}: {answer[:300]}") from None
+    except TimeoutError:
+        raise BadRequestError(f"GET {url} got no answer within 30 s") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
         reason = getattr(error, "reason", error)
         raise BadRequestError(f"cannot reach the server at {url}: {reason}; is it running?") from None
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise BadRequestError(f"GET {url} answered 200 with no JSON: is it a layerserve (V2) server?") from None
 
 
 def build_workload(

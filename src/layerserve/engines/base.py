@@ -139,6 +139,7 @@ class Verdict:
 
     max_difference: float | None
     error: str = ""
+    lasting: bool = True  # False: the export failed for a reason outside the model (a full disk); not kept
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form."""

@@ -107,7 +107,7 @@ def export_and_verify(model: Any, inputs: tuple[TensorSpec, ...], cache_file: Pa
         return Verdict(None, f"ONNX export unusable: {error.message}")
     except OSError as error:  # the cache cannot be written, most likely: the message says where, no traceback needed
         log.warning("ONNX export failed for %s: %s", cache_file.name, error)
-        return Verdict(None, f"ONNX export failed: {error}")
+        return Verdict(None, f"ONNX export failed: {error}", lasting=False)
     except Exception as error:  # tf2onnx and ORT raise many kinds for unsupported ops.
         log.warning("ONNX export failed for %s", cache_file.name, exc_info=True)
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

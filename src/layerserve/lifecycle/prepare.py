@@ -173,7 +173,8 @@ def prepare_model(source: ModelSource, cache_file: Path, probe_rows: int) -> dic
     layer_count = len(getattr(model, "layers", []))
     unavailable = graph.unavailable_reason
     data = Preparation(graph.signature, tuple(graph.layers), layer_count, unavailable, verdict, located).to_dict()
-    _write_record(cache_file, data)
+    if verdict.lasting:  # else the next load tries again: the disk may be fixed by then
+        _write_record(cache_file, data)
     return data
 
 
@@ -187,9 +188,10 @@ def prepare_cut(
     except ModelLoadError as error:
         return Verdict(None, f"cannot load the model for the export: {error.message}").to_dict()
     specs = tuple(graph.spec(name, "input") for name in inputs)
-    data = export_and_verify(cut, specs, cache_file, probe_batch(specs, 2)).to_dict()
-    _write_record(cache_file, data)
-    return data
+    verdict = export_and_verify(cut, specs, cache_file, probe_batch(specs, 2))
+    if verdict.lasting:
+        _write_record(cache_file, verdict.to_dict())
+    return verdict.to_dict()
 
 
 def check_cut(source: ModelSource, inputs: tuple[str, ...], outputs: tuple[str, ...], cut_file: Path) -> dict[str, Any]:

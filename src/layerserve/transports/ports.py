@@ -24,16 +24,19 @@ def check_can_listen(host: str, port: int, flag: str) -> None:
     """
     if port == 0:
         return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            where = address(host, port)
-            if error.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"cannot listen on {where}: another program listens there; stop it, or choose another port "
-                    f"with {flag}"
-                ) from None
-            raise ConfigError(f"cannot listen on {where} ({flag}): {error.strerror or error}") from None
+    where = address(host, port)
+    try:
+        # Every address the host names, as asyncio's create_server binds them (IPv6 ones IPv6-only).
+        found = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+        for family, kind, protocol, _, sockaddr in found:
+            with socket.socket(family, kind, protocol) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(sockaddr)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"cannot listen on {where}: another program listens there; stop it, or choose another port with {flag}"
+            ) from None
+        raise ConfigError(f"cannot listen on {where} ({flag}): {error.strerror or error}") from None
