@@ -49,6 +49,18 @@ def test_models_of_a_folder_without_model_folders_says_what_it_expected(tmp_path
     )
 
 
+def test_ray_serve_without_the_ray_extra_says_how_to_install_it(repository: Path) -> None:
+    # As in a checkout set up by scripts/demo (no extras): `import ray` fails.
+    code = "import sys; sys.modules['ray'] = None; from layerserve.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", code, "ray", "serve", str(repository), "--address", "local"]
+    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=120, check=False)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr == (
+        "layerserve: layerserve ray serve needs the ray extra (ray is not installed): in a checkout, "
+        "scripts/install --dev, or .venv/bin/pip install -c constraints.txt -e '.[ray]'\n"
+    )
+
+
 def test_serve_rejects_a_missing_repository(tmp_path: Path) -> None:
     result = subprocess.run(
         [*LAYERSERVE, "serve", str(tmp_path / "nope")], capture_output=True, text=True, env=ENV, check=False

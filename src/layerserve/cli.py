@@ -94,6 +94,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _ray_serve(args: argparse.Namespace) -> int:
+    try:
+        import httpx  # noqa: F401
+        import ray.serve  # noqa: F401
+    except ImportError as error:
+        missing = (error.name or "ray").split(".")[0]
+        raise LayerserveError(
+            f"layerserve ray serve needs the ray extra ({missing} is not installed): in a checkout, "
+            "scripts/install --dev, or .venv/bin/pip install -c constraints.txt -e '.[ray]'"
+        ) from None
     from layerserve.transports.ray.launch import launch
     from layerserve.transports.ray.options import parse_group, ray_options
 
