@@ -482,7 +482,8 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     """Measure the server (and optionally the in-process ceiling and the bare stack); returns the report."""
     import multiprocessing
 
-    _get_json(f"{options.url}/v2/models/{options.model}")  # the server answers, and serves the model
+    if options.workload in ("text", "image"):  # the tensor workloads read the model's metadata to build theirs
+        _get_json(f"{options.url}/v2/models/{options.model}")  # the server answers, and serves the model
     workload = build_workload(
         options.url, options.model, options.workload, options.rows, options.image, options.outputs,
         options.use_cache, options.text,

@@ -76,11 +76,11 @@ class Reloader:
             async with self._lock:
                 folders = self._served_folders()
                 if not folders:
-                    selected = f" that the setting models ({self._registry.settings.models!r}) selects"
+                    selected = f" that the setting models ({settings.models!r}) selects" if settings.models else ""
                     log.warning(
                         "the repository %s has no model folders%s: expected %s/<model>/<version>/model.keras; "
                         "models copied in later are loaded within a poll",
-                        self._repository, selected if self._registry.settings.models else "", self._repository,
+                        self._repository, selected, self._repository,
                     )  # fmt: skip
                 for folder in folders:
                     await self._sync(folder.name, wait_for_copies=False)
@@ -169,7 +169,7 @@ class Reloader:
             if number not in spec.present:
                 known = ", ".join(str(v) for v in sorted(spec.present)) or "none"
                 raise NotFoundError(f"model '{name}' has no version folder {number}; versions: {known}")
-            entry = self._entry(name)
+            entry = self._entry(spec)
             version = entry.versions.get(number)
             if version is None or not version.is_ready:
                 version = await self._load(entry, number, spec.present[number])
@@ -229,19 +229,19 @@ class Reloader:
         """What a loaded version was made from: its files, and its config (a load's config may change it)."""
         return (fingerprint(path), config.model_dump_json())
 
-    def _entry(self, name: str) -> ModelEntry:
-        entry = self._registry.models.get(name)
+    def _entry(self, spec: ModelSpec) -> ModelEntry:
+        """The registry's entry of the model `spec` was scanned from, made from it when there is none."""
+        entry = self._registry.models.get(spec.name)
         if entry is None:
-            entry = self._registry.models[name] = ModelEntry(self._scan(name))
+            entry = self._registry.models[spec.name] = ModelEntry(spec)
         return entry
 
     async def _sync(self, name: str, wait_for_copies: bool, force: bool = False) -> ModelEntry:
         """Make one model's loaded versions equal to what its folder, policy and pin ask for."""
         spec = self._scan(name)
-        entry = self._registry.models.get(name)
-        report_problems(spec, entry.spec if entry else None)
-        if entry is None:
-            entry = self._registry.models[name] = ModelEntry(spec)
+        known = self._registry.models.get(name)
+        report_problems(spec, known.spec if known else None)
+        entry = self._entry(spec)
         entry.spec, entry.pinned = spec, spec.pinned
         if force:
             entry.is_unloaded = False
