@@ -31,7 +31,7 @@ class Predict(tornado.web.RequestHandler):
     async def post(self, model: str) -> None:
         body = json.loads(self.request.body)
         try:
-            result = await self.runtime.infer(InferRequest(model, body["inputs"], body.get("outputs", ())))
+            result = await self.runtime.data.infer(InferRequest(model, body["inputs"], body.get("outputs", ())))
         except LayerserveError as error:
             self.set_status(error.status_code)
             self.write({"error": error.message})

@@ -35,12 +35,12 @@ async def test_infer_equals_keras_for_outputs_and_layers(runtime: Runtime, repos
     rng = np.random.default_rng(3)
     features = rng.normal(size=(5, 4)).astype(np.float32)
     tokens = rng.integers(0, 10, (5, 3)).astype(np.int32)
-    result = await runtime.infer(InferRequest("multi", {"features": features, "tokens": tokens}))
+    result = await runtime.data.infer(InferRequest("multi", {"features": features, "tokens": tokens}))
     assert result.model == "multi" and result.version == 1 and set(result.outputs) == {"regression", "probs"}
     expected = reference([features, tokens])
     np.testing.assert_allclose(result.outputs["regression"], np.asarray(expected[0]), atol=1e-5)
     np.testing.assert_allclose(result.outputs["probs"], np.asarray(expected[1]), atol=1e-5)
-    lists = await runtime.infer(
+    lists = await runtime.data.infer(
         InferRequest("multi", {"features": features.tolist(), "tokens": tokens.tolist()}, ["joined"])
     )
     import keras
@@ -52,17 +52,19 @@ async def test_infer_equals_keras_for_outputs_and_layers(runtime: Runtime, repos
 async def test_bad_calls_raise_errors_that_name_the_problem(runtime: Runtime) -> None:
     x = np.zeros((1, 10), np.float32)
     with pytest.raises(NotFoundError, match="unknown model 'nope'"):
-        await runtime.infer(InferRequest("nope", {"x": x}))
+        await runtime.data.infer(InferRequest("nope", {"x": x}))
     with pytest.raises(BadRequestError, match="unknown input 'y'"):
-        await runtime.infer(InferRequest("mlp", {"y": x}))
+        await runtime.data.infer(InferRequest("mlp", {"y": x}))
     with pytest.raises(BadRequestError, match="FP32"):
-        await runtime.infer(InferRequest("mlp", {"x": x.astype(np.float64)}))
+        await runtime.data.infer(InferRequest("mlp", {"x": x.astype(np.float64)}))
     with pytest.raises(BadRequestError, match="unknown output 'nothing'"):
-        await runtime.infer(InferRequest("mlp", {"x": x}, ["nothing"]))
+        await runtime.data.infer(InferRequest("mlp", {"x": x}, ["nothing"]))
     with pytest.raises(BadRequestError, match="Embedding 'embedding' of 10 rows"):
-        await runtime.infer(InferRequest("multi", {"features": np.zeros((1, 4), np.float32), "tokens": [[1, 2, 10]]}))
+        await runtime.data.infer(
+            InferRequest("multi", {"features": np.zeros((1, 4), np.float32), "tokens": [[1, 2, 10]]})
+        )
     with pytest.raises(BadRequestError, match=r"images .* or texts"):
-        await runtime.classify(ClassifyRequest("mlp", [b"png", "text"]))
+        await runtime.data.classify(ClassifyRequest("mlp", [b"png", "text"]))
 
 
 async def test_a_bad_value_is_named_at_its_place_in_the_request_when_its_other_rows_are_cached(
@@ -76,9 +78,9 @@ async def test_a_bad_value_is_named_at_its_place_in_the_request_when_its_other_r
         await runtime.registry.wait_settled()
         features = np.zeros((3, 4), np.float32)
         tokens = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 10]], np.int32)
-        await runtime.infer(InferRequest("multi", {"features": features[:2], "tokens": tokens[:2]}))  # now cached
+        await runtime.data.infer(InferRequest("multi", {"features": features[:2], "tokens": tokens[:2]}))  # now cached
         with pytest.raises(BadRequestError, match=r"value 10 at position \[2, 2\]"):  # not [0, 2] of the misses
-            await runtime.infer(InferRequest("multi", {"features": features, "tokens": tokens}))
+            await runtime.data.infer(InferRequest("multi", {"features": features, "tokens": tokens}))
     finally:
         await runtime.close()
 

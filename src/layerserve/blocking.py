@@ -57,15 +57,15 @@ class BlockingRuntime:
 
     def infer(self, request: InferRequest) -> InferResponse:
         """`Runtime.infer`, blocking."""
-        return self._call(self.runtime.infer(request))
+        return self._call(self.runtime.data.infer(request))
 
     def classify(self, request: ClassifyRequest) -> ClassifyResponse:
         """`Runtime.classify`, blocking."""
-        return self._call(self.runtime.classify(request))
+        return self._call(self.runtime.data.classify(request))
 
     def features(self, request: FeaturesRequest) -> FeaturesResponse:
         """`Runtime.features` (a layer's output per image or text), blocking."""
-        return self._call(self.runtime.features(request))
+        return self._call(self.runtime.data.features(request))
 
     def close(self) -> None:
         """Stop the runtime and its thread."""

@@ -1,22 +1,23 @@
-"""DataPlane: infer, classify and features as typed requests and answers (see messages.py), for every transport.
+"""DataPlane: the only way from a door to a version. `open(model, version)` leases a version and gives a VersionView
+(infer, classify, features, its signature, layers and per-version parse state); the rest reads the registry for
+every door alike (metadata, readiness, statistics, the index, stored features).
 
-Each call leases its version for as long as it runs, checks the request against that version once (see
-RequestChecks) and goes through the feature cache, the batcher and the engine. The HTTP routes, the gRPC
-servicer and programs that keep their own web app (Flask, Tornado, ...) all call these.
+The HTTP routes, the gRPC servicer and programs that keep their own web app (Flask, Tornado, ...) all call these, on
+the typed requests and answers of messages.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TypeVar
 
 from layerserve.errors import BadRequestError
 from layerserve.features.feature_store import FeatureStore, StoredFeature, check_ids
 from layerserve.features.images import ImageDecoder
 from layerserve.features.labels import classification_strings, top_k
 from layerserve.features.pooling import check_pool, pool_features
-from layerserve.lifecycle.peers import ControlOp, Peers
-from layerserve.lifecycle.reloader import Reloader
+from layerserve.lifecycle.model import Signature
 from layerserve.messages import (
     ClassifyRequest,
     ClassifyResponse,
@@ -29,8 +30,13 @@ from layerserve.messages import (
     RequestedOutput,
     StatisticsReport,
 )
-from layerserve.serving.registry import ModelRegistry, ModelVersion
+from layerserve.protocols.v2 import CheckDeclared
+from layerserve.serving.layers import LayerGraph
+from layerserve.serving.registry import ModelRegistry
+from layerserve.serving.version import ModelVersion
 from layerserve.tensors import Array
+
+State = TypeVar("State")
 
 
 def answer_outputs(
@@ -50,15 +56,203 @@ def answer_outputs(
     return answer
 
 
+@dataclass(frozen=True)
+class VersionStatus:
+    """A version's state as TF Serving's model status reports it."""
+
+    version: int
+    state: str
+    reason: str
+
+
+class VersionView:
+    """One request's hold on a version (`async with data.open(...) as view`): what a door may read of it, and its
+    answers. The version is held until the block ends, so a version swapped out meanwhile (during a cache lookup, an
+    image decode, a queue) is closed only after every view on it is done."""
+
+    __slots__ = ("_decoder", "_store", "_version")
+
+    def __init__(self, version: ModelVersion, decoder: ImageDecoder, store: FeatureStore) -> None:
+        self._version = version
+        self._decoder = decoder
+        self._store = store
+
+    async def __aenter__(self) -> VersionView:
+        self._version.hold()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._version.release()
+
+    @property
+    def model(self) -> str:
+        """The model's name."""
+        return self._version.name
+
+    @property
+    def version(self) -> int:
+        """The version's number."""
+        return self._version.version
+
+    @property
+    def signature(self) -> Signature:
+        """The model's inputs and outputs."""
+        return self._version.signature
+
+    @property
+    def graph(self) -> LayerGraph:
+        """Every layer's output by name (a request may name any as an output, or as an input: a cut)."""
+        return self._version.graph
+
+    @property
+    def labels(self) -> list[str] | None:
+        """The class names of the classify output, if the model has any."""
+        return self._version.labels
+
+    @property
+    def classify_output(self) -> str:
+        """The output whose scores /classify ranks."""
+        return self._version.classify_output
+
+    @property
+    def encoded_input(self) -> str | None:
+        """The input that may come encoded as BYTES (images, or UTF-8 texts), if any."""
+        return self._version.encoded_input
+
+    @property
+    def takes_texts(self) -> bool:
+        """Whether the model is a text model (its items are texts, tokenized here)."""
+        return self._version.tokenizer is not None
+
+    @property
+    def check_declared(self) -> CheckDeclared:
+        """Checks an input's declared name, datatype and shape before its data is read (parsers call it)."""
+        return self._version.checks.declared
+
+    def require_image(self) -> None:
+        """Raises UnsupportedMediaTypeError when the model does not take images."""
+        self._version.require_image()
+
+    def parse_state(self, kind: type[State]) -> State:
+        """The door's parse state of `kind` for this version (templates of requests seen before), made on first use
+        and gone with the version."""
+        states = self._version.parse_states
+        state = states.get(kind)
+        if state is None:
+            state = states[kind] = kind()
+        return state  # type: ignore[return-value]  # kept under its own kind
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Named arrays in (model inputs, or layers to cut at), named outputs (model outputs or any layer) out.
+
+        Raises:
+            NotReadyError, QueueFullError: the version cannot take it now (503).
+            DeadlineExceededError: not answered within the request's `timeout_ms` (504).
+            BadRequestError: inputs or outputs that do not fit the version (400).
+        """
+        served = self._version
+        inputs = served.checks.inputs(request.inputs, request.base64_inputs)
+        names = tuple(output.name for output in request.requested)
+        served.checks.outputs(names)
+        if served.encoded_input is not None:
+            inputs = await served.decode_encoded(inputs, self._decoder)
+        computed = await served.predict(inputs, names, request.timeout_ms, request.use_cache)
+        outputs = answer_outputs(request.requested, computed, served.labels, served.classify_output)
+        return InferResponse(served.name, served.version, outputs, request.id)
+
+    async def classify(self, request: ClassifyRequest) -> ClassifyResponse:
+        """Encoded images (bytes) or texts (str) in; per item, the `top_k` best classes as {label, index, score}.
+
+        Raises:
+            UnsupportedMediaTypeError: the model takes neither images nor texts (or not these).
+            UnprocessableImageError, PayloadTooLargeError: a bad image.
+        """
+        served = self._version
+        if type(request.top_k) is not int or request.top_k < 1:
+            raise BadRequestError(f"top_k must be a positive integer, got {request.top_k!r}")
+        scores = await self._rows(request.items, served.classify_output, "", request.use_cache)
+        return ClassifyResponse(served.name, served.version, top_k(scores, served.labels, request.top_k))
+
+    def check_features(self, layer: str, pool: str, what: str = "pool") -> None:
+        """Raises BadRequestError for an unknown layer or pool (before the items are read)."""
+        self._version.graph.spec(layer, "output")
+        check_pool(pool, what)
+
+    async def features(self, request: FeaturesRequest) -> FeaturesResponse:
+        """Encoded images or texts in; one layer's output per item (pooled), stored under the request's ids.
+
+        Raises:
+            BadRequestError: an unknown layer or pool, ids that are not one distinct id per item.
+        """
+        served = self._version
+        self.check_features(request.layer, request.pool)
+        rows = await self._rows(request.items, request.layer, request.pool, request.use_cache)
+        if request.ids:
+            ids = list(request.ids)
+            check_ids(ids, len(rows))
+            stored = [StoredFeature(i, served.version, request.layer, row) for i, row in zip(ids, rows, strict=True)]
+            await self._store.put_many(served.name, stored)
+        return FeaturesResponse(served.name, served.version, request.layer, rows)
+
+    async def _rows(self, items: Sequence[bytes | str], output: str, pool: str, use_cache: bool) -> Array:
+        served = self._version
+        if not items:
+            raise BadRequestError("no images or texts given")
+        if all(isinstance(item, str) for item in items):
+            inputs = served.encode_texts([str(item) for item in items])
+            rows = (await served.predict(inputs, (output,), None, use_cache))[output]
+            return pool_features(rows, pool) if pool else rows
+        images = [item for item in items if isinstance(item, bytes)]
+        if len(images) != len(items):
+            raise BadRequestError("give encoded images (bytes) or texts (str), not a mix")
+        served.require_image()
+        return await served.image_output(images, output, self._decoder, use_cache, pool)
+
+
 class DataPlane:
     """The transport-neutral calls over a registry of models (see the module's docstring)."""
 
-    def __init__(self, registry: ModelRegistry, reloader: Reloader, decoder: ImageDecoder, store: FeatureStore) -> None:
+    def __init__(self, registry: ModelRegistry, decoder: ImageDecoder, store: FeatureStore) -> None:
         self._registry = registry
-        self._reloader = reloader
         self._decoder = decoder
         self._store = store
-        self.peers: Peers | None = None  # the other replicas of a deployment (Ray Serve), told of every load
+
+    def open(self, model: str, version: int | None = None) -> VersionView:
+        """The requested version (the active one when `version` is None), READY, to hold in an `async with`.
+
+        Raises:
+            NotFoundError: unknown model or version.
+            NotReadyError: the version is loading or failed.
+        """
+        return VersionView(self._registry.get(model, version), self._decoder, self._store)
+
+    def label_version(self, model: str, label: str) -> int:
+        """The version a label of the model's `version_labels` names.
+
+        Raises:
+            NotFoundError: unknown model, or no such label (the message lists the known ones).
+            NotReadyError: the model's config.yaml is invalid now, so its labels are unknown.
+        """
+        return self._registry.label_version(model, label)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """`VersionView.infer` on the version the request names.
+
+        Raises:
+            NotFoundError: unknown model or version (404 over HTTP); and as VersionView.infer.
+        """
+        async with self.open(request.model, request.version) as view:
+            return await view.infer(request)
+
+    async def classify(self, request: ClassifyRequest) -> ClassifyResponse:
+        """`VersionView.classify` on the version the request names."""
+        async with self.open(request.model, request.version) as view:
+            return await view.classify(request)
+
+    async def features(self, request: FeaturesRequest) -> FeaturesResponse:
+        """`VersionView.features` on the version the request names."""
+        async with self.open(request.model, request.version) as view:
+            return await view.features(request)
 
     def metadata(self, model: str, version: int | None = None) -> ModelMetadata:
         """A version's metadata (the active one, else the newest, by default), in any state.
@@ -99,6 +293,18 @@ class DataPlane:
         """
         return self._registry.find(model, version).is_ready
 
+    def version_status(self, model: str, version: int | None = None) -> list[VersionStatus]:
+        """The state of one version, or of every version of a model, newest first.
+
+        Raises:
+            NotFoundError: unknown model or version.
+        """
+        if version is not None:
+            versions = [self._registry.find(model, version)]
+        else:
+            versions = [v for _, v in sorted(self._registry.entry(model).versions.items(), reverse=True)]
+        return [VersionStatus(v.version, str(v.state), v.reason) for v in versions]
+
     def statistics(self, model: str | None = None, version: int | None = None) -> list[StatisticsReport]:
         """The statistics of one version, of every ready version of a model, or of every model's.
 
@@ -123,131 +329,21 @@ class DataPlane:
             for row in self._registry.index()
         ]
 
-    async def load(self, model: str, config: dict[str, Any] | None = None) -> tuple[int, ...]:
-        """(Re)load a model from the repository, `config` replacing config.yaml keys; its ready versions once
-        settled (with peers, once every replica has loaded it).
+    async def stored_feature(
+        self, model: str, feature_id: str, version: int | None, layer: str | None
+    ) -> StoredFeature:
+        """A feature stored by an earlier `features` call (see FeatureStore.get).
 
         Raises:
-            NotFoundError: no such model folder. BadRequestError: a bad config key. ConflictError: it failed.
+            NotFoundError: nothing stored under that id (for that version and layer).
         """
-        entry = await self._reloader.load_model(model, config)
-        await self._tell(ControlOp("load", model, config=config))
-        return tuple(entry.ready_versions)
+        return await self._store.get(model, feature_id, version, layer)
 
-    async def unload(self, model: str) -> None:
-        """Unload every version of a model (they finish their requests first), on every replica."""
-        await self._reloader.unload_model(model)
-        await self._tell(ControlOp("unload", model))
+    async def stored_features(
+        self, model: str, ids: list[str], version: int | None, layer: str | None
+    ) -> list[StoredFeature | None]:
+        """Many stored features at once, None where an id has none (see FeatureStore.get_many)."""
+        return await self._store.get_many(model, ids, version, layer)
 
-    async def apply(self, model: str, version: int | None = None, label: str | None = None) -> int | None:
-        """Pin `version` (or the one `label` names) as the active version, or, with neither, unpin; the active
-        version once in place (with peers, once every replica serves it)."""
-        if version is None and label is None:
-            active = (await self._reloader.unpin(model)).active_version
-            await self._tell(ControlOp("unpin", model))
-            return active
-        if version is not None:
-            pinned = (await self._reloader.apply(model, version)).version
-        else:
-            assert label is not None
-            pinned = (await self._reloader.apply_label(model, label)).version
-        await self._tell(ControlOp("apply", model, version=pinned))
-        return pinned
 
-    async def make(self, op: ControlOp) -> None:
-        """Make a change another replica was asked for (told to no one further).
-
-        Raises:
-            LayerserveError: it failed here (as `load`, `unload` and `apply` say).
-        """
-        if not self._registry.settings.serves_model(op.model):  # another group's model
-            return
-        if op.kind == "load":
-            await self._reloader.load_model(op.model, op.config)
-        elif op.kind == "unload":
-            await self._reloader.unload_model(op.model)
-        elif op.kind == "apply":
-            assert op.version is not None
-            await self._reloader.apply(op.model, op.version)
-        else:
-            await self._reloader.unpin(op.model)
-
-    async def _tell(self, op: ControlOp) -> None:
-        if self.peers is not None:
-            await self.peers.tell(op)
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Named arrays in (model inputs, or layers to cut at), named outputs (model outputs or any layer) out.
-
-        Raises:
-            NotFoundError: unknown model or version (404 over HTTP).
-            NotReadyError, QueueFullError: the version cannot take it now (503).
-            DeadlineExceededError: not answered within the request's `timeout_ms` (504).
-            BadRequestError: inputs or outputs that do not fit the version (400).
-        """
-        async with self._registry.lease(request.model, request.version) as served:
-            return await self.infer_on(served, request)
-
-    async def infer_on(self, served: ModelVersion, request: InferRequest) -> InferResponse:
-        """`infer` on a version the caller leased (a transport that reads the version to translate its wire)."""
-        inputs = served.checks.inputs(request.inputs, request.base64_inputs)
-        names = tuple(output.name for output in request.requested)
-        served.checks.outputs(names)
-        if served.encoded_input is not None:
-            inputs = await served.decode_encoded(inputs, self._decoder)
-        computed = await served.predict(inputs, names, request.timeout_ms, request.use_cache)
-        outputs = answer_outputs(request.requested, computed, served.labels, served.classify_output)
-        return InferResponse(served.name, served.version, outputs, request.id)
-
-    async def classify(self, request: ClassifyRequest) -> ClassifyResponse:
-        """Encoded images (bytes) or texts (str) in; per item, the `top_k` best classes as {label, index, score}.
-
-        Raises:
-            UnsupportedMediaTypeError: the model takes neither images nor texts (or not these).
-            UnprocessableImageError, PayloadTooLargeError: a bad image.
-        """
-        async with self._registry.lease(request.model, request.version) as served:
-            return await self.classify_on(served, request)
-
-    async def classify_on(self, served: ModelVersion, request: ClassifyRequest) -> ClassifyResponse:
-        """`classify` on a version the caller leased."""
-        if type(request.top_k) is not int or request.top_k < 1:
-            raise BadRequestError(f"top_k must be a positive integer, got {request.top_k!r}")
-        scores = await self._rows(served, request.items, served.classify_output, "", request.use_cache)
-        return ClassifyResponse(served.name, served.version, top_k(scores, served.labels, request.top_k))
-
-    async def features(self, request: FeaturesRequest) -> FeaturesResponse:
-        """Encoded images or texts in; one layer's output per item (pooled), stored under the request's ids.
-
-        Raises:
-            BadRequestError: an unknown layer or pool, ids that are not one distinct id per item.
-        """
-        async with self._registry.lease(request.model, request.version) as served:
-            return await self.features_on(served, request)
-
-    async def features_on(self, served: ModelVersion, request: FeaturesRequest) -> FeaturesResponse:
-        """`features` on a version the caller leased."""
-        check_pool(request.pool)
-        served.graph.spec(request.layer, "output")
-        rows = await self._rows(served, request.items, request.layer, request.pool, request.use_cache)
-        if request.ids:
-            ids = list(request.ids)
-            check_ids(ids, len(rows))
-            stored = [StoredFeature(i, served.version, request.layer, row) for i, row in zip(ids, rows, strict=True)]
-            await self._store.put_many(served.name, stored)
-        return FeaturesResponse(served.name, served.version, request.layer, rows)
-
-    async def _rows(
-        self, served: ModelVersion, items: Sequence[bytes | str], output: str, pool: str, use_cache: bool
-    ) -> Array:
-        if not items:
-            raise BadRequestError("no images or texts given")
-        if all(isinstance(item, str) for item in items):
-            inputs = served.encode_texts([str(item) for item in items])
-            rows = (await served.predict(inputs, (output,), None, use_cache))[output]
-            return pool_features(rows, pool) if pool else rows
-        images = [item for item in items if isinstance(item, bytes)]
-        if len(images) != len(items):
-            raise BadRequestError("give encoded images (bytes) or texts (str), not a mix")
-        served.require_image()
-        return await served.image_output(images, output, self._decoder, use_cache, pool)
+__all__ = ["DataPlane", "VersionStatus", "VersionView", "answer_outputs"]

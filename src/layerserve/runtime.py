@@ -1,4 +1,5 @@
-"""Runtime: everything one server process serves with, built once from Settings; every transport wraps one."""
+"""Runtime: everything one server process serves with, built once from Settings: the registry of models, the
+reloader, the data and control planes over them, the caches, the job runner; started and closed by the Server."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
+
+from layerserve.control import ControlPlane
 from layerserve.dataplane import DataPlane
-from layerserve.errors import LayerserveError
+from layerserve.errors import LayerserveError, NotReadyError
 from layerserve.features.cache import CacheBackend, FeatureCache, InProcessBackend, RedisBackend, wait_closed
 from layerserve.features.feature_store import FeatureStore
 from layerserve.features.images import ImageDecoder
@@ -32,14 +36,12 @@ _JOB_RECORDS_TIMEOUT_S = 5.0  # a job record is worth waiting for (redis_timeout
 
 
 class Runtime:
-    """The registry of models (and its engine processes), the reloader, the feature cache and store, the image
-    decoding pool and the job runner of one server process.
+    """The registry of models (and its engine processes), the reloader, the data plane and the control plane over
+    them, the feature cache and store, the image decoding pool and the job runner of one server process.
 
     Built from `Settings` without starting anything; `start()` loads the models (in the background, or, with
     a worker `board` or `settle_first`, before it returns) and starts polling, sampling and the job runner;
     `close()` stops them.
-    `infer`, `classify` and `features` (a layer's output per image or text) are its data plane's calls (see
-    DataPlane), on the typed requests of messages.py.
     """
 
     def __init__(
@@ -65,11 +67,10 @@ class Runtime:
         )
         self.decoder = ImageDecoder(self._decode_pool, settings.max_image_pixels)
         self.feature_store = FeatureStore(store_backend, settings.cache_key_prefix)
-        self.data = DataPlane(self.registry, self.reloader, self.decoder, self.feature_store)
-        self.data.peers = peers
-        self.infer, self.classify, self.features = self.data.infer, self.data.classify, self.data.features
-        self.jobs: JobRunner | None = None
-        self.jobs_error = "training jobs are unavailable: the runtime has not started"
+        self.data = DataPlane(self.registry, self.decoder, self.feature_store)
+        self.control = ControlPlane(settings, self.reloader, peers)
+        self._jobs: JobRunner | None = None
+        self._jobs_error = "training jobs are unavailable: the runtime has not started"
         self.draining = threading.Event()  # set when shutdown begins: readiness turns false
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -78,6 +79,37 @@ class Runtime:
         """Every model has settled (in every worker), and shutdown has not begun."""
         return self.registry.is_ready and not self.draining.is_set() and (self.board is None or self.board.is_ready())
 
+    async def readiness(self) -> bool:
+        """`is_ready`, and on Ray Serve also every group of replicas has a ready one."""
+        return self.is_ready and (self.peers is None or await self.peers.is_every_group_ready())
+
+    async def wait_settled(self) -> None:
+        """Return once every model that should load has settled (READY or FAILED)."""
+        await self.registry.wait_settled()
+
+    def jobs(self) -> JobRunner:
+        """The job runner.
+
+        Raises:
+            NotReadyError: its records could not be opened at start-up, or the runtime has not started (503).
+        """
+        if self._jobs is None:
+            raise NotReadyError(self._jobs_error)
+        return self._jobs
+
+    async def exposition(self) -> bytes:
+        """This process's metrics, or with several workers every worker's, summed per metric (on Ray Serve, every
+        replica's: see transports/ray/metric_sum.py), freshly sampled, in Prometheus text format."""
+        await asyncio.to_thread(self.sample_process)
+        registry = REGISTRY
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        text = generate_latest(registry)
+        if self.peers is not None:
+            text = await self.peers.exposition(text)
+        return text
+
     async def start(self) -> None:
         """Load the models and keep them in sync with the repository; sample the process; open the job runner.
         With a worker board (or `settle_first`: a Ray Serve replica), return only once the models have settled
@@ -85,8 +117,8 @@ class Runtime:
         self._tasks = [asyncio.create_task(self._keep_in_sync()), asyncio.create_task(self._sample_forever())]
         if self.peers is not None:
             is_ready = lambda: self.registry.is_ready and not self.draining.is_set()  # noqa: E731
-            self._tasks.append(asyncio.create_task(self.peers.run(self.data, is_ready)))
-        self.jobs, self.jobs_error = self._open_jobs()
+            self._tasks.append(asyncio.create_task(self.control.keep_in_step(is_ready)))
+        self._jobs, self._jobs_error = self._open_jobs()
         if self._settle_first:
             await self.registry.wait_settled()
         if self.board is not None:
@@ -96,8 +128,8 @@ class Runtime:
         """Stop taking traffic, stop the jobs, the polling and the sampling, and free every model and pool."""
         if self.board is not None:
             self.board.withdraw()
-        if self.jobs is not None:
-            await self.jobs.close()
+        if self._jobs is not None:
+            await self._jobs.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -134,9 +166,9 @@ class Runtime:
     async def _serve_new_version(self, job: Job) -> None:
         assert job.version is not None
         if job.apply:
-            await self.data.apply(job.model, job.version)
+            await self.control.apply(job.model, job.version)
         else:
-            await self.data.load(job.model)
+            await self.control.load(job.model)
 
     def _open_jobs(self) -> tuple[JobRunner | None, str]:
         """The job runner, or None and why (fail-soft: serving goes on without training jobs). Its records are

@@ -142,10 +142,6 @@ def test_answers_in_requested_order_with_classification_and_a_size_limit() -> No
         grpc_v2.encode_model_infer(InferResponse("m", 3, outputs), max_bytes=8)
 
 
-class _Owner:
-    """A version, as far as InferTemplates is concerned: an object a template belongs to."""
-
-
 def _raw_request(a: np.ndarray, b: np.ndarray, **fields: object) -> tuple[service_pb2.ModelInferRequest, bytes]:
     request = _request(
         model_version="1",
@@ -162,22 +158,19 @@ def _raw_request(a: np.ndarray, b: np.ndarray, **fields: object) -> tuple[servic
 
 
 def test_a_message_seen_before_skips_the_parse_and_gives_the_same_request() -> None:
-    templates, owner = grpc_v2.InferTemplates(), _Owner()
+    templates = grpc_v2.InferTemplates()
     rng = np.random.default_rng(0)
     found = []
     for _ in range(3):
         a, b = rng.integers(-5, 5, size=(2, 2)).astype(np.int8), rng.normal(size=(2, 2)).astype(np.float32)
         request, message = _raw_request(a, b)
-        hit = templates.find(message)
-        found.append(hit is not None)
-        if hit is None:
-            parsed = _checked(request, GRAPH)
-            templates.keep(message, request, parsed, owner)
+        layout = grpc_v2.read_layout(message)
+        assert layout is not None and (layout.model, layout.version) == ("m", "1")
+        parsed = templates.apply(message, layout)
+        found.append(parsed is not None)
+        if parsed is None:
+            templates.keep(message, request, _checked(request, GRAPH))
             continue
-        template, kept_for, spans = hit
-        assert kept_for is owner and (template.model, template.version) == ("m", 1)
-        parsed = template.apply(message, spans)
-        assert parsed is not None
         reference = _checked(request, GRAPH)
         assert dataclasses.replace(reference, inputs=parsed.inputs) == parsed
         for name, array in (("a", a), ("b", b)):
@@ -186,24 +179,28 @@ def test_a_message_seen_before_skips_the_parse_and_gives_the_same_request() -> N
     assert found == [False, True, True]
 
 
+def _applied(templates: grpc_v2.InferTemplates, message: bytes) -> object:
+    layout = grpc_v2.read_layout(message)
+    return None if layout is None else templates.apply(message, layout)
+
+
 def test_messages_that_cannot_be_templates_are_parsed_in_full() -> None:
-    templates, owner = grpc_v2.InferTemplates(), _Owner()
+    templates = grpc_v2.InferTemplates()
     a, b = np.zeros((1, 2), np.int8), np.zeros((1, 2), np.float32)
     with_id, message = _raw_request(a, b, id="r1")
-    templates.keep(message, with_id, _checked(with_id, GRAPH), owner)
-    assert templates.find(message) is None  # an id: the answer carries it, so each request is parsed
+    templates.keep(message, with_id, _checked(with_id, GRAPH))
+    assert _applied(templates, message) is None  # an id: the answer carries it, so each request is parsed
     contents = service_pb2.InferTensorContents(int_contents=[1] * 4)
     tensor = service_pb2.ModelInferRequest.InferInputTensor(name="tokens", datatype="INT32", shape=[1, 4])
     tensor.contents.CopyFrom(contents)
     typed = _request(inputs=[tensor])
-    templates.keep(typed.SerializeToString(), typed, _checked(typed, TEXTS), owner)
-    assert templates.find(typed.SerializeToString()) is None  # typed contents
+    templates.keep(typed.SerializeToString(), typed, _checked(typed, TEXTS))
+    assert _applied(templates, typed.SerializeToString()) is None  # typed contents
     request, message = _raw_request(a, b)
-    templates.keep(message, request, _checked(request, GRAPH), owner)
-    template, _, _ = templates.find(message)  # type: ignore[misc]
+    templates.keep(message, request, _checked(request, GRAPH))
+    assert _applied(templates, message) is not None
     # The same leading fields with raw contents of other sizes: no request from the template.
     request.raw_input_contents[1] = np.zeros(3, np.float32).tobytes()
-    longer = request.SerializeToString()
-    assert template.apply(longer, templates.find(longer)[2]) is None  # type: ignore[index]
-    # A field after the raw contents, or a truncated message: not split, parsed in full.
-    assert templates.find(message + b"\x0a\x01m") is None and templates.find(message[:-1]) is None
+    assert _applied(templates, request.SerializeToString()) is None
+    # A field after the raw contents, or a truncated message: no layout, parsed in full.
+    assert grpc_v2.read_layout(message + b"\x0a\x01m") is None and grpc_v2.read_layout(message[:-1]) is None

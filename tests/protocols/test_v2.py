@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gc
 import struct
-import weakref
 
 import numpy as np
 import orjson
@@ -113,10 +111,6 @@ def test_errors_name_the_problem() -> None:
         _checked(header + b"abc", str(len(header)), bytes_signature)
 
 
-class _Owner:
-    """A version, as far as HeaderTemplates is concerned: an object a template belongs to."""
-
-
 def _binary_request(x: np.ndarray, extra: dict[str, object] | None = None) -> tuple[bytes, str]:
     tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}
     header = orjson.dumps({"inputs": [tensor], "outputs": [{"name": "y", "parameters": {"classification": 2}}],
@@ -133,12 +127,12 @@ class _CountingCheck:
 
 
 def test_a_header_seen_before_is_parsed_once_and_gives_the_same_request() -> None:
-    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+    templates, check = HeaderTemplates(), _CountingCheck()
     rng = np.random.default_rng(0)
     for _ in range(3):
         x = rng.normal(size=(2, 4)).astype(np.float32)
         body, length = _binary_request(x)
-        parsed = templates.parse(body, length, owner, "m", 2, check)
+        parsed = templates.parse(body, length, "m", 2, check)
         reference = parse_infer_request(body, length, "m", 2)
         np.testing.assert_array_equal(parsed.inputs["x"], x)
         assert parsed.inputs["x"].dtype == np.float32 and parsed.inputs["x"].shape == (2, 4)
@@ -153,51 +147,44 @@ def test_binary_inputs_are_views_of_the_body_not_copies() -> None:
     x = np.arange(4 * 224 * 3, dtype=np.float32).reshape(4, 224, 3)
     body, length = _binary_request(x)
     whole = np.frombuffer(body, np.uint8)
-    templates, owner = HeaderTemplates(), _Owner()
+    templates = HeaderTemplates()
     # Parsed in full, then in full and kept as a template, then from the template.
     for parsed in (
         parse_infer_request(body, length),
-        templates.parse(body, length, owner),
-        templates.parse(body, length, owner),
+        templates.parse(body, length, "m", 1, _CountingCheck()),
+        templates.parse(body, length, "m", 1, _CountingCheck()),
     ):
         np.testing.assert_array_equal(parsed.inputs["x"], x)
         assert np.shares_memory(parsed.inputs["x"], whole) and not parsed.inputs["x"].flags.writeable
 
 
-def test_another_owner_a_short_body_an_id_or_json_data_are_parsed_in_full() -> None:
-    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+def test_another_version_a_short_body_an_id_or_json_data_are_parsed_in_full() -> None:
+    templates, check = HeaderTemplates(), _CountingCheck()
     x = np.ones((1, 4), np.float32)
     body, length = _binary_request(x)
-    templates.parse(body, length, owner, "m", 1, check)
-    templates.parse(body, length, _Owner(), "m", 1, check)  # another version: its own checks
+    templates.parse(body, length, "m", 1, check)
+    HeaderTemplates().parse(body, length, "m", 1, check)  # another version has templates of its own: its own checks
     assert check.calls == 2
     with pytest.raises(BadRequestError, match="binary_data_size 16 runs past the binary data"):
-        templates.parse(body[:-4], length, owner, "m", 1, check)  # the same header, data missing: the parse's error
+        templates.parse(body[:-4], length, "m", 1, check)  # the same header, data missing: the parse's error
     with_id, id_length = _binary_request(x, {"id": "r1"})
-    templates.parse(with_id, id_length, owner, "m", 1, check)
-    templates.parse(with_id, id_length, owner, "m", 1, check)
+    templates.parse(with_id, id_length, "m", 1, check)
+    templates.parse(with_id, id_length, "m", 1, check)
     json_data = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
     for value in (1, 2):  # a header that is the whole body: never a binary template, each request its own data
         body = json_data.replace(b"[1,2,3,4]", f"[{value},2,3,4]".encode())
-        assert templates.parse(body, str(len(body)), owner, "m", 1, check).inputs["x"][0, 0] == value
+        assert templates.parse(body, str(len(body)), "m", 1, check).inputs["x"][0, 0] == value
     assert check.calls == 2 + 1 + 2 + 2
 
 
-def test_templates_are_bounded_and_die_with_their_owner() -> None:
+def test_templates_are_bounded() -> None:
     templates, check = HeaderTemplates(size=2), _CountingCheck()
-    owner = _Owner()
     bodies = [_binary_request(np.zeros((rows, 4), np.float32)) for rows in (1, 2, 3)]
     for body, length in bodies:
-        templates.parse(body, length, owner, "m", 1, check)
-    templates.parse(*bodies[0], owner, "m", 1, check)  # the oldest was dropped: parsed again
-    templates.parse(*bodies[2], owner, "m", 1, check)  # still kept
+        templates.parse(body, length, "m", 1, check)
+    templates.parse(*bodies[0], "m", 1, check)  # the oldest was dropped: parsed again
+    templates.parse(*bodies[2], "m", 1, check)  # still kept
     assert check.calls == 4
-    alive = weakref.ref(owner)
-    del owner  # a retired version: the templates do not keep it alive
-    gc.collect()
-    assert alive() is None
-    templates.parse(*bodies[2], _Owner(), "m", 1, check)
-    assert check.calls == 5
 
 
 def _json_request(data: object, datatype: str = "INT32", shape: list[int] | None = None, **extra: object) -> bytes:
@@ -218,10 +205,10 @@ def _json_request(data: object, datatype: str = "INT32", shape: list[int] | None
 def test_a_json_request_seen_before_reads_only_its_data_and_gives_the_same_request(
     datatype: str, rows: list[list[float]]
 ) -> None:
-    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+    templates, check = HeaderTemplates(), _CountingCheck()
     for values in rows:
         body = _json_request(values, datatype)
-        parsed = templates.parse(body, None, owner, "m", 2, check)
+        parsed = templates.parse(body, None, "m", 2, check)
         reference = parse_infer_request(body, None, "m", 2)
         np.testing.assert_array_equal(parsed.inputs["x"], reference.inputs["x"])
         assert parsed.inputs["x"].dtype == reference.inputs["x"].dtype and parsed.inputs["x"].shape == (1, 4)
@@ -243,18 +230,18 @@ def test_a_json_request_seen_before_reads_only_its_data_and_gives_the_same_reque
      ("[1e2, 2, 3, 4]", "expected integers for INT32, got floating-point numbers")],
 )  # fmt: skip
 def test_json_data_a_template_cannot_read_gets_the_full_parse_and_its_error(data: str, error: str) -> None:
-    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
-    templates.parse(_json_request([1, 2, 3, 4]), None, owner, "m", 1, check)
+    templates, check = HeaderTemplates(), _CountingCheck()
+    templates.parse(_json_request([1, 2, 3, 4]), None, "m", 1, check)
     with pytest.raises(BadRequestError, match=error):
-        templates.parse(_json_request([9, 9, 9, 9]).replace(b"[9, 9, 9, 9]", data.encode()), None, owner)
+        templates.parse(_json_request([9, 9, 9, 9]).replace(b"[9, 9, 9, 9]", data.encode()), None, "m", 1, check)
     calls = check.calls
-    again = templates.parse(_json_request([4, 3, 2, 1]), None, owner, "m", 1, check)
+    again = templates.parse(_json_request([4, 3, 2, 1]), None, "m", 1, check)
     assert again.inputs["x"].tolist() == [[4, 3, 2, 1]]
     assert check.calls == calls  # the template is still kept: a good request after the bad one reads it
 
 
 def test_json_requests_that_cannot_be_templates_are_parsed_in_full() -> None:
-    templates, owner, check = HeaderTemplates(), _Owner(), _CountingCheck()
+    templates, check = HeaderTemplates(), _CountingCheck()
     nested = _json_request([[1, 2], [3, 4]], shape=[2, 2])
     with_id = _json_request([1, 2, 3, 4], id="r1")
     two_inputs = orjson.dumps({"inputs": [{"name": n, "shape": [1], "datatype": "INT32", "data": [1]} for n in "ab"]})
@@ -266,13 +253,13 @@ def test_json_requests_that_cannot_be_templates_are_parsed_in_full() -> None:
     )
     for body in (nested, with_id, two_inputs, texts, lookalike):
         for _ in range(2):
-            templates.parse(body, None, owner, "m", 1, check)
+            templates.parse(body, None, "m", 1, check)
     assert check.calls == 2 * (1 + 1 + 2 + 1 + 1)
     changed = lookalike.replace(b"[1,2,3,4]", b"[5,6,7,8]")
-    assert templates.parse(changed, None, owner, "m", 1, check).inputs["x"].tolist() == [[5, 6, 7, 8]]
-    assert templates.parse(nested, None, owner, "m", 1, check).inputs["x"].tolist() == [[1, 2], [3, 4]]
-    templates.parse(_json_request([1, 2, 3, 4]), None, _Owner(), "m", 1, check)
-    templates.parse(_json_request([1, 2, 3, 4]), None, _Owner(), "m", 1, check)  # each version: its own checks
+    assert templates.parse(changed, None, "m", 1, check).inputs["x"].tolist() == [[5, 6, 7, 8]]
+    assert templates.parse(nested, None, "m", 1, check).inputs["x"].tolist() == [[1, 2], [3, 4]]
+    HeaderTemplates().parse(_json_request([1, 2, 3, 4]), None, "m", 1, check)
+    HeaderTemplates().parse(_json_request([1, 2, 3, 4]), None, "m", 1, check)  # each version: its own checks
     assert check.calls == 12 + 2 + 2
 
 

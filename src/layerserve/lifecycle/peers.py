@@ -8,12 +8,9 @@ and answers once they have made it; /metrics and readiness cover every replica (
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
-
-if TYPE_CHECKING:
-    from layerserve.dataplane import DataPlane
+from typing import Any, Literal, Protocol
 
 ControlKind = Literal["load", "unload", "apply", "unpin"]
 
@@ -40,9 +37,8 @@ class ControlOp:
 class Peers(Protocol):
     """What one replica knows of, and tells, the others."""
 
-    async def run(self, data: DataPlane, is_ready: Callable[[], bool]) -> None:
-        """Until cancelled: tell the others how this replica stands, and make (with `data.make`) what they
-        were asked."""
+    async def run(self, make: Callable[[ControlOp], Awaitable[None]], is_ready: Callable[[], bool]) -> None:
+        """Until cancelled: tell the others how this replica stands, and `make` what they were asked."""
 
     async def tell(self, op: ControlOp) -> None:
         """Have every other ready replica make `op` (done here already); return once they have."""

@@ -143,14 +143,26 @@ def parse_model_infer(request: service_pb2.ModelInferRequest, check: v2.CheckDec
     )
 
 
+_MODEL_NAME_TAG, _MODEL_VERSION_TAG = 0x0A, 0x12  # ModelInferRequest fields 1 and 2 (length-delimited)
 _RAW_INPUT_TAG = 0x3A  # ModelInferRequest field 7, raw_input_contents (length-delimited); the last field
 
 
-def _raw_input_spans(message: bytes) -> tuple[int, list[tuple[int, int]]] | None:
-    """Where a serialized ModelInferRequest's raw_input_contents begin and each one's (start, end), when it has
-    any and they come last, after top-level fields that are all length-delimited with one-byte tags (as protobuf
-    serializers write it); else None."""
+@dataclass(frozen=True, slots=True)
+class MessageLayout:
+    """A serialized ModelInferRequest read without protobuf: the model and version it names, where its raw contents
+    begin (what comes before is the part a template is kept under) and each one's (start, end)."""
+
+    model: str
+    version: str
+    prefix_end: int
+    spans: list[tuple[int, int]]
+
+
+def read_layout(message: bytes) -> MessageLayout | None:
+    """The layout of a ModelInferRequest whose raw_input_contents come last, after top-level fields that are all
+    length-delimited with one-byte tags (as protobuf serializers write it); else None (parse it in full)."""
     position, size, first, spans = 0, len(message), -1, []
+    model = version = b""
     while position < size:
         tag = message[position]
         if tag & 0x87 != 2:  # a multi-byte tag, or not length-delimited
@@ -172,8 +184,17 @@ def _raw_input_spans(message: bytes) -> tuple[int, list[tuple[int, int]]] | None
             spans.append((position, position + length))
         elif first >= 0:
             return None
+        elif tag == _MODEL_NAME_TAG:
+            model = message[position : position + length]
+        elif tag == _MODEL_VERSION_TAG:
+            version = message[position : position + length]
         position += length
-    return (first, spans) if first >= 0 and position == size else None
+    if first < 0 or position != size or not model:
+        return None
+    try:
+        return MessageLayout(model.decode(), version.decode(), first, spans)
+    except UnicodeDecodeError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,36 +222,31 @@ class _InferTemplate:
 
 
 class InferTemplates:
-    """ModelInferRequests parsed as bytes, skipping the protobuf parse and the checks for a request whose fields
-    before its raw contents were seen before (the gRPC door's counterpart of `v2.HeaderTemplates`).
+    """One version's ModelInferRequests parsed as bytes, skipping the protobuf parse and the checks for a request
+    whose fields before its raw contents were seen before (the gRPC door's counterpart of `v2.HeaderTemplates`; a
+    VersionView keeps one per version).
 
     Clients send the same fields (model, inputs' names, datatypes and shapes, outputs, parameters) for every
     request of one shape; only the raw contents differ. A request with raw contents of numbers only (no typed
-    contents, no BYTES) and no `id` becomes a template for the version whose checks it passed; the next request
-    with the same leading bytes for that version takes its arrays straight from the message.
+    contents, no BYTES) and no `id` becomes a template; the next request with the same leading bytes takes its
+    arrays straight from the message.
     """
 
     def __init__(self, size: int = 256, max_prefix_bytes: int = 8192) -> None:
         self._templates: TemplateCache[_InferTemplate] = TemplateCache(size)
         self._max_prefix_bytes = max_prefix_bytes
 
-    def find(self, message: bytes) -> tuple[_InferTemplate, object | None, list[tuple[int, int]]] | None:
-        """The template of a message seen before, the version it was checked for (None once retired) and the
-        spans of the message's raw contents; None for a message to parse in full."""
-        split = _raw_input_spans(message) if v2.LITTLE_ENDIAN else None
-        if split is None:
-            return None
-        found = self._templates.get(message[: split[0]])
-        if found is None:
-            return None
-        return found[1], found[0], split[1]
+    def apply(self, message: bytes, layout: MessageLayout) -> InferRequest | None:
+        """The request of a message whose leading fields were seen before, or None (parse it in full)."""
+        template = self._templates.get(message[: layout.prefix_end])
+        return None if template is None else template.apply(message, layout.spans)
 
-    def keep(self, message: bytes, request: service_pb2.ModelInferRequest, parsed: InferRequest, owner: object) -> None:
-        """Keep the template of `message` (parsed in full, and checked for `owner`) when it can have one."""
+    def keep(self, message: bytes, request: service_pb2.ModelInferRequest, parsed: InferRequest) -> None:
+        """Keep the template of `message` (parsed in full, and checked for this version) when it can have one."""
         if request.id or not request.raw_input_contents or not v2.LITTLE_ENDIAN:
             return
-        split = _raw_input_spans(message)
-        if split is None or split[0] > self._max_prefix_bytes:
+        layout = read_layout(message)
+        if layout is None or layout.prefix_end > self._max_prefix_bytes:
             return
         inputs = []
         for name, array in parsed.inputs.items():
@@ -243,7 +259,7 @@ class InferTemplates:
         template = _InferTemplate(
             parsed.model, parsed.version, tuple(inputs), outputs, parsed.timeout_ms, parsed.use_cache
         )
-        self._templates.put(message[: split[0]], owner, template)
+        self._templates.put(message[: layout.prefix_end], template)
 
 
 def encode_model_infer(response: InferResponse, max_bytes: int | None = None) -> service_pb2.ModelInferResponse:

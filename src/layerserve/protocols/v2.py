@@ -333,15 +333,15 @@ def _json_data_slot(body: bytes) -> tuple[bytes, int, int] | None:
 
 
 class HeaderTemplates:
-    """Parses V2 infer requests, skipping the JSON header's parse and checks for a header seen before.
+    """One version's V2 infer requests parsed once per shape: a JSON header seen before is not parsed or checked
+    again (a VersionView keeps one per version, see `parse_state`).
 
     Clients send the same header for every request of one shape (names, datatypes, shapes, binary sizes, outputs);
     only the binary data differs. A header whose inputs all come as binary numbers (no JSON data, no BYTES) and that
-    has no `id` is kept as a template, with the version whose checks it passed (`owner`, weakly referenced); the
-    next request with the same header bytes for the same owner takes its arrays straight from the binary data.
-    A JSON request (no binary data) whose one input's numbers come as one flat `data` list is kept the same way,
-    keyed by its body without the list's contents; the next one with that key reads only its list. Anything else
-    (a new header, another version, too little binary data, data that is not plain numbers of the right count) is
+    has no `id` is kept as a template; the next request with the same header bytes takes its arrays straight from
+    the binary data. A JSON request (no binary data) whose one input's numbers come as one flat `data` list is kept
+    the same way, keyed by its body without the list's contents; the next one with that key reads only its list.
+    Anything else (a new header, too little binary data, data that is not plain numbers of the right count) is
     parsed by `parse_infer_request`, errors included. At most `size` headers of each kind are kept, the least
     recently used dropped first.
     """
@@ -352,52 +352,44 @@ class HeaderTemplates:
         self._json_templates: TemplateCache[_Template] = TemplateCache(size)
 
     def parse(
-        self,
-        body: bytes,
-        header_length: str | None,
-        owner: object,
-        model: str = "",
-        version: int | None = None,
-        check: CheckDeclared | None = None,
+        self, body: bytes, header_length: str | None, model: str, version: int, check: CheckDeclared
     ) -> InferRequest:
-        """`parse_infer_request` for the version `owner` (whose `check` the request must pass).
+        """`parse_infer_request` for this templates' version (whose `check` the request must pass).
 
         Raises:
             BadRequestError: as `parse_infer_request`.
         """
         if header_length is None:
-            return self._parse_json(body, owner, model, version, check)
+            return self._parse_json(body, model, version, check)
         if not LITTLE_ENDIAN:
             return parse_infer_request(body, header_length, model, version, check)
         header, binary = split_body(body, header_length)
         found = self._templates.get(header)
-        if found is not None and found[0] is owner and len(binary) >= found[1].end:
-            return found[1].apply(binary, model, version)
+        if found is not None and len(binary) >= found.end:
+            return found.apply(binary, model, version)
         request, layout, has_id = _parse_infer_request(header, binary, model, version, check)
         if not has_id and len(header) <= self._max_header_bytes:
             template = _template(request, layout)
             if template is not None:
-                self._templates.put(header, owner, template)
+                self._templates.put(header, template)
         return request
 
-    def _parse_json(
-        self, body: bytes, owner: object, model: str, version: int | None, check: CheckDeclared | None
-    ) -> InferRequest:
+    def _parse_json(self, body: bytes, model: str, version: int, check: CheckDeclared) -> InferRequest:
         """`parse` of a JSON request (no binary data)."""
         slot = _json_data_slot(body)
         if slot is None:
             return parse_infer_request(body, None, model, version, check)
         key, opening, closing = slot
         found = self._json_templates.get(key)
-        if found is not None and found[0] is owner:
-            request = found[1].apply_json(body[opening : closing + 1], model, version)
+        if found is not None:
+            request = found.apply_json(body[opening : closing + 1], model, version)
             if request is not None:
                 return request
         request, layout, has_id = _parse_infer_request(body, memoryview(b""), model, version, check)
         if not has_id and len(key) <= self._max_header_bytes and len(layout) == 1 and layout[0][3]:
             template = _json_template(request, body[opening : closing + 1])
             if template is not None:
-                self._json_templates.put(key, owner, template)
+                self._json_templates.put(key, template)
         return request
 
 

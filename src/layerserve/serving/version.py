@@ -67,6 +67,9 @@ class ModelVersion:
     layer_count: int = 0
     load_seconds: float = 0.0
     statistics: VersionStatistics = field(default_factory=VersionStatistics)
+    # The doors' parse state for this version, by kind (templates of requests seen before): kept as long as the
+    # version, gone with it.
+    parse_states: dict[type, object] = field(default_factory=dict)
     _model_digest: str = ""
     _server_bytes: int = 0
     _plan: BatchingPlan = field(default_factory=BatchingPlan)

@@ -478,7 +478,7 @@ def test_a_single_worker_refuses_a_taken_grpc_port(tmp_path: Path) -> None:
         settings = Settings(model_repository=tmp_path, grpc_port=taken.getsockname()[1])
 
         async def start() -> None:
-            await GrpcDoor(settings, ServingState(None, None, lambda: True, 1024)).start()  # type: ignore[arg-type]
+            await GrpcDoor(settings, ServingState(None, None, lambda: True, 1024), asyncio.Event().wait).start()  # type: ignore[arg-type]
 
         with pytest.raises(RuntimeError, match="Failed to bind"):
             asyncio.run(start())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -44,9 +45,9 @@ class GrpcDoor:
     connections across them; a single worker binds it alone, so that a second server started on the same port
     fails to start instead of sharing it."""
 
-    def __init__(self, settings: Settings, state: ServingState) -> None:
+    def __init__(self, settings: Settings, state: ServingState, settled: Callable[[], Awaitable[None]]) -> None:
         self._settings = settings
-        self._state = state
+        self._settled = settled
         table = MethodTable()
         guard = CallGuard(settings.admin_token, settings.api_token, settings.access_log)
         servicer = InferenceServicer(state, guard)
@@ -88,7 +89,7 @@ class GrpcDoor:
         log.info("gRPC service on %s", where)
 
     async def _serve_when_settled(self) -> None:
-        await self._state.registry.wait_settled()
+        await self._settled()
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
 

@@ -15,13 +15,12 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from layerserve import __version__
-from layerserve.dataplane import DataPlane
+from layerserve.control import ControlPlane
+from layerserve.dataplane import DataPlane, VersionView
 from layerserve.errors import BadRequestError, NotFoundError, NotReadyError
 from layerserve.messages import InferRequest
 from layerserve.protocols import grpc_v2, triton, v2
 from layerserve.protocols.v2 import parse_version_number
-from layerserve.serving.registry import ModelRegistry
-from layerserve.serving.version import ModelVersion
 from layerserve.transports.grpc.calls import Access, CallGuard
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -30,11 +29,11 @@ _STREAM = "ModelStreamInfer"
 
 @dataclass(frozen=True)
 class ServingState:
-    """What the RPCs read: the registry (for leases), the data plane, the server's readiness and the largest
-    message (request or answer) in bytes."""
+    """What the RPCs use: the data and control planes, the server's readiness and the largest message (request or
+    answer) in bytes."""
 
-    registry: ModelRegistry
     data: DataPlane
+    control: ControlPlane
     is_ready: Callable[[], bool]
     max_message_bytes: int
 
@@ -60,9 +59,7 @@ class InferenceServicer:
 
     def __init__(self, state: ServingState, guard: CallGuard) -> None:
         self._state = state
-        self._registry = state.registry
         self._guard = guard
-        self._templates = grpc_v2.InferTemplates()
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:  # noqa: N802
         """Live as long as it answers."""
@@ -140,33 +137,28 @@ class InferenceServicer:
         return await self._guard.run("ModelInfer", Access.API, context, lambda: self._infer_message(message, context))
 
     async def _infer_message(self, message: bytes, context: Context) -> pb.ModelInferResponse:
-        found = self._templates.find(message)
-        if found is None:
-            return await self._infer(_parse(message), context, message)
-        template, owner, spans = found
-        async with self._registry.lease(template.model, template.version) as version:
-            parsed = template.apply(message, spans) if owner is version else None
-            if parsed is None:  # another version now (a reload), or other sizes: parsed in full, kept anew
+        layout = grpc_v2.read_layout(message)
+        if layout is None:
+            return await self._infer(_parse(message), context)
+        async with self._state.data.open(layout.model, parse_version_number(layout.version)) as view:
+            templates = view.parse_state(grpc_v2.InferTemplates)
+            parsed = templates.apply(message, layout)
+            if parsed is None:  # a message of a shape not seen before: parsed in full, kept as a template
                 request = _parse(message)
-                parsed = grpc_v2.parse_model_infer(request, version.checks.declared)
-                self._templates.keep(message, request, parsed, version)
-            return await self._answer(version, parsed, context)
+                parsed = grpc_v2.parse_model_infer(request, view.check_declared)
+                templates.keep(message, request, parsed)
+            return await self._answer(view, parsed, context)
 
-    async def _infer(
-        self, request: pb.ModelInferRequest, context: Context, message: bytes | None = None
-    ) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         number = parse_version_number(request.model_version)
-        async with self._registry.lease(request.model_name, number) as version:
-            parsed = grpc_v2.parse_model_infer(request, version.checks.declared)
-            if message is not None:
-                self._templates.keep(message, request, parsed, version)
-            return await self._answer(version, parsed, context)
+        async with self._state.data.open(request.model_name, number) as view:
+            return await self._answer(view, grpc_v2.parse_model_infer(request, view.check_declared), context)
 
-    async def _answer(self, version: ModelVersion, parsed: InferRequest, context: Context) -> pb.ModelInferResponse:
+    async def _answer(self, view: VersionView, parsed: InferRequest, context: Context) -> pb.ModelInferResponse:
         timeout_ms = _timeout_ms(parsed.timeout_ms, context)
         if timeout_ms != parsed.timeout_ms:
             parsed = dataclasses.replace(parsed, timeout_ms=timeout_ms)
-        answer = await self._state.data.infer_on(version, parsed)
+        answer = await view.infer(parsed)
         return grpc_v2.encode_model_infer(answer, self._state.max_message_bytes)
 
     async def ModelStreamInfer(  # noqa: N802
@@ -215,7 +207,7 @@ class InferenceServicer:
         async def load() -> pb.RepositoryModelLoadResponse:
             parameters = grpc_v2.parameters_of(request.parameters)
             body = orjson.dumps({"parameters": parameters}, default=repr)  # the REST door's one check of them
-            await self._state.data.load(request.model_name, v2.parse_load_request(body))
+            await self._state.control.load(request.model_name, v2.parse_load_request(body))
             return pb.RepositoryModelLoadResponse()
 
         return await self._guard.run("RepositoryModelLoad", Access.ADMIN, context, load)
@@ -226,7 +218,7 @@ class InferenceServicer:
         """Unload every version of a model (they finish their requests first)."""
 
         async def unload() -> pb.RepositoryModelUnloadResponse:
-            await self._state.data.unload(request.model_name)
+            await self._state.control.unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
 
         return await self._guard.run("RepositoryModelUnload", Access.ADMIN, context, unload)

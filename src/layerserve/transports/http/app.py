@@ -25,7 +25,6 @@ from layerserve.errors import LayerserveError
 from layerserve.gpu import apply_settings
 from layerserve.lifecycle.worker_board import FOLDER_VARIABLE, WorkerBoard
 from layerserve.logs import configure_logging
-from layerserve.protocols.v2 import HeaderTemplates
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
 from layerserve.transports.grpc.server import GrpcDoor
@@ -48,6 +47,7 @@ from layerserve.transports.http.boundary import RequestBoundary
 from layerserve.transports.http.direct_lane import DirectLane
 from layerserve.transports.http.middleware import AuthMiddleware, CompressMiddleware
 from layerserve.transports.http.model_lane import ModelLane
+from layerserve.transports.http.services import HttpServices
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ async def _grpc_door(runtime: Runtime) -> AsyncIterator[None]:
     if not settings.grpc_port:
         yield
         return
-    state = ServingState(runtime.registry, runtime.data, lambda: runtime.is_ready, settings.max_body_bytes)
-    door = GrpcDoor(settings, state)
+    state = ServingState(runtime.data, runtime.control, lambda: runtime.is_ready, settings.max_body_bytes)
+    door = GrpcDoor(settings, state, runtime.wait_settled)
     await door.start()
     try:
         yield
@@ -203,6 +203,9 @@ def create_app(runtime: Runtime) -> Starlette:
         },
     )
     app.state.runtime = runtime
-    app.state.header_templates = HeaderTemplates()  # V2 binary headers seen before, parsed once (see HeaderTemplates)
+    app.state.services = HttpServices(
+        runtime.data, runtime.control, runtime.settings, lambda: runtime.is_ready, runtime.readiness,
+        runtime.exposition, runtime.jobs,
+    )  # fmt: skip
     app.state.direct_lane = DirectLane(app, runtime.settings)  # a model's requests, from the server's protocol
     return app

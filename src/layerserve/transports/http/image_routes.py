@@ -8,12 +8,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from layerserve.dataplane import VersionView
 from layerserve.errors import BadRequestError
-from layerserve.features.feature_store import FeatureStore
-from layerserve.features.pooling import check_pool
 from layerserve.messages import ClassifyRequest, FeaturesRequest
 from layerserve.protocols.v2 import load_json_object
-from layerserve.serving.registry import ModelVersion
 from layerserve.transports.http.bodies import (
     NPY_MEDIA_TYPE,
     JSONResponse,
@@ -24,6 +22,7 @@ from layerserve.transports.http.bodies import (
     wants_npy,
 )
 from layerserve.transports.http.middleware import query_parameters
+from layerserve.transports.http.services import services
 from layerserve.transports.http.v2_routes import parse_version
 
 
@@ -48,24 +47,22 @@ def _query_int(query: Mapping[str, str], name: str, default: int | None) -> int 
     return int(raw)
 
 
-async def _items(request: Request, version: ModelVersion) -> list[bytes] | list[str]:
+async def _items(request: Request, view: VersionView) -> list[bytes] | list[str]:
     """The texts (a text model) or encoded images of the request body."""
-    limit = request.app.state.runtime.settings.max_body_bytes
-    if version.tokenizer is not None:
+    limit = services(request).settings.max_body_bytes
+    if view.takes_texts:
         return await read_texts(request, limit)
-    version.require_image()
+    view.require_image()
     return await read_images(request, limit)
 
 
 async def classify(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/classify: images or texts in, top-k labels out."""
-    runtime, query = request.app.state.runtime, query_parameters(request.scope)
-    async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
+    query = query_parameters(request.scope)
+    async with services(request).data.open(request.path_params["model"], parse_version(request)) as view:
         k = _query_int(query, "top_k", 5) or 5
-        items = await _items(request, version)
-        answer = await runtime.data.classify_on(
-            version, ClassifyRequest(version.name, items, k, version.version, _use_cache(query))
-        )
+        items = await _items(request, view)
+        answer = await view.classify(ClassifyRequest(view.model, items, k, view.version, _use_cache(query)))
         return JSONResponse(
             {"model_name": answer.model, "model_version": str(answer.version), "predictions": answer.predictions}
         )
@@ -73,20 +70,19 @@ async def classify(request: Request) -> Response:
 
 async def features(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/features?layer=L[&pool=avg][&ids=a,b]: vectors out."""
-    runtime, query = request.app.state.runtime, query_parameters(request.scope)
+    query = query_parameters(request.scope)
     layer = query.get("layer")
     pool = query.get("pool") or "default"
     ids = query["ids"].split(",") if "ids" in query else []
-    async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
-        if version.tokenizer is None:
-            version.require_image()
+    async with services(request).data.open(request.path_params["model"], parse_version(request)) as view:
+        if not view.takes_texts:
+            view.require_image()
         if not layer:
             raise BadRequestError("query 'layer' is required: the layer whose output is the feature vector")
-        version.graph.spec(layer, "output")
-        check_pool(pool, "query 'pool'")
-        items = await _items(request, version)
-        answer = await runtime.data.features_on(
-            version, FeaturesRequest(version.name, items, layer, pool, version.version, _use_cache(query), ids)
+        view.check_features(layer, pool, "query 'pool'")
+        items = await _items(request, view)
+        answer = await view.features(
+            FeaturesRequest(view.model, items, layer, pool, view.version, _use_cache(query), ids)
         )
         if wants_npy(request):
             return Response(npy_bytes(answer.features), media_type=NPY_MEDIA_TYPE)
@@ -99,9 +95,8 @@ async def features(request: Request) -> Response:
 
 async def stored_feature(request: Request) -> Response:
     """GET /v2/models/{model}/features/{id}[?layer=L&version=V]: a stored vector, JSON or .npy."""
-    store: FeatureStore = request.app.state.runtime.feature_store
     query = query_parameters(request.scope)
-    feature = await store.get(
+    feature = await services(request).data.stored_feature(
         request.path_params["model"], request.path_params["feature_id"], _query_int(query, "version", None),
         query.get("layer"),
     )  # fmt: skip
@@ -112,17 +107,15 @@ async def stored_feature(request: Request) -> Response:
 
 async def stored_features(request: Request) -> Response:
     """POST /v2/models/{model}/features/batch {"ids": [...], "layer"?, "version"?}: many stored vectors."""
-    store: FeatureStore = request.app.state.runtime.feature_store
-    body = load_json_object(
-        await read_body(request, request.app.state.runtime.settings.max_body_bytes), "the request body"
-    )
+    found = services(request)
+    body = load_json_object(await read_body(request, found.settings.max_body_bytes), "the request body")
     ids, layer, version = body.get("ids"), body.get("layer"), body.get("version")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids) or len(ids) > 10_000:
         raise BadRequestError("'ids' must be a non-empty list of at most 10000 strings")
     if (layer is not None and not isinstance(layer, str)) or (version is not None and type(version) is not int):
         raise BadRequestError("'layer' must be a string and 'version' an integer")
-    found = await store.get_many(request.path_params["model"], ids, version, layer)
-    return JSONResponse({"features": {i: f.to_dict() if f else None for i, f in zip(ids, found, strict=True)}})
+    stored = await found.data.stored_features(request.path_params["model"], ids, version, layer)
+    return JSONResponse({"features": {i: f.to_dict() if f else None for i, f in zip(ids, stored, strict=True)}})
 
 
 _MODEL = "/v2/models/{model}"

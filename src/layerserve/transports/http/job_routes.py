@@ -9,29 +9,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from layerserve.errors import BadRequestError, NotReadyError
+from layerserve.errors import BadRequestError
 from layerserve.lifecycle.reloader import check_model_name
 from layerserve.protocols.v2 import load_json_object
 from layerserve.settings import Settings
 from layerserve.training.datasets import format_of, parse_dataset, resolve_data_path
-from layerserve.training.jobs import JobRunner
 from layerserve.training.recipe import TextTrainingParams, check_dataset, check_text_model
 from layerserve.transports.http.bodies import JSONResponse, parse_form, read_body
+from layerserve.transports.http.services import services
 
 _BODY_KEYS = {"dataset", "params", "apply"}
 _DATASET_KEYS = {"texts", "labels", "path", "format", "text_column", "label_column"}
-
-
-def _runner(request: Request) -> JobRunner:
-    """The job runner.
-
-    Raises:
-        NotReadyError: its records could not be opened at start-up (503 with the reason).
-    """
-    runner: JobRunner | None = request.app.state.runtime.jobs
-    if runner is None:
-        raise NotReadyError(request.app.state.runtime.jobs_error)
-    return runner
 
 
 def _dataset_from_json(dataset: Any, settings: Settings) -> tuple[list[str], list[str]]:
@@ -83,7 +71,7 @@ async def _from_form(request: Request, body: bytes) -> tuple[dict[str, Any], lis
 
 async def train(request: Request) -> Response:
     """POST /v2/models/{model}/train: check everything, then queue the job; 202 with the job."""
-    settings: Settings = request.app.state.runtime.settings
+    settings = services(request).settings
     name = request.path_params["model"]
     check_model_name(name)
     body = await read_body(request, settings.max_body_bytes)
@@ -100,7 +88,7 @@ async def train(request: Request) -> Response:
     params = TextTrainingParams.parse(fields.get("params", {}))
     check_dataset(texts, labels)
     check_text_model(settings.model_repository / name)
-    job = _runner(request).submit(name, texts, labels, params, bool(fields.get("apply", False)))
+    job = services(request).jobs().submit(name, texts, labels, params, bool(fields.get("apply", False)))
     return JSONResponse(
         {"job_id": job.id, **job.to_dict()}, status_code=202, headers={"Location": f"/v2/jobs/{job.id}"}
     )
@@ -108,17 +96,17 @@ async def train(request: Request) -> Response:
 
 async def list_jobs(request: Request) -> Response:
     """GET /v2/jobs: every job, oldest first."""
-    return JSONResponse({"jobs": [job.to_dict() for job in _runner(request).jobs()]})
+    return JSONResponse({"jobs": [job.to_dict() for job in services(request).jobs().jobs()]})
 
 
 async def get_job(request: Request) -> Response:
     """GET /v2/jobs/{id}."""
-    return JSONResponse(_runner(request).get(request.path_params["job"]).to_dict())
+    return JSONResponse(services(request).jobs().get(request.path_params["job"]).to_dict())
 
 
 async def cancel_job(request: Request) -> Response:
     """POST /v2/jobs/{id}/cancel: a queued or running job ends `cancelled` and leaves no version."""
-    job = await _runner(request).cancel(request.path_params["job"])
+    job = await services(request).jobs().cancel(request.path_params["job"])
     return JSONResponse(job.to_dict())
 
 

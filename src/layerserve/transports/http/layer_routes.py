@@ -6,19 +6,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from layerserve.serving.registry import ModelRegistry
 from layerserve.transports.http.bodies import JSONResponse
+from layerserve.transports.http.services import services
 from layerserve.transports.http.v2_routes import parse_version
 
 
 async def layers(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]/layers."""
-    registry: ModelRegistry = request.app.state.runtime.registry
-    async with registry.lease(request.path_params["model"], parse_version(request)) as version:
-        graph = version.graph
+    async with services(request).data.open(request.path_params["model"], parse_version(request)) as view:
+        graph = view.graph
         body: dict[str, object] = {
-            "model_name": version.name,
-            "model_version": str(version.version),
+            "model_name": view.model,
+            "model_version": str(view.version),
             "layers": [layer.to_dict() for layer in graph.layers],
         }
         if graph.unavailable_reason:

@@ -19,7 +19,7 @@ from layerserve.dataplane import DataPlane
 from layerserve.errors import LayerserveError
 from layerserve.protocols.v2 import metadata_json
 from layerserve.transports.http.bodies import JSONResponse
-from layerserve.transports.http.metrics_routes import exposition
+from layerserve.transports.http.services import services
 
 _HISTOGRAMS = {
     "layerserve_request_seconds": "latency_s",
@@ -127,13 +127,13 @@ def summarize(text: str) -> dict[str, Any]:
 
 async def overview(request: Request) -> Response:
     """GET /v2/overview: see the module."""
-    runtime = request.app.state.runtime
-    series = summarize((await exposition(runtime)).decode())
+    found = services(request)
+    series = summarize((await found.exposition()).decode())
     return JSONResponse(
         {
-            "server": {"name": "layerserve", "version": __version__, "ready": runtime.is_ready,
-                       "workers": runtime.settings.workers, "time": time.time()},
-            "models": model_rows(runtime.data),
+            "server": {"name": "layerserve", "version": __version__, "ready": found.is_ready(),
+                       "workers": found.settings.workers, "time": time.time()},
+            "models": model_rows(found.data),
             "series": series["models"],
             "processes": series["processes"],
             "gpus": series["gpus"],

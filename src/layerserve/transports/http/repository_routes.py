@@ -6,24 +6,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from layerserve.dataplane import DataPlane
 from layerserve.errors import BadRequestError
 from layerserve.protocols import v2
 from layerserve.protocols.v2 import load_json_object
 from layerserve.transports.http.bodies import JSONResponse, read_body
+from layerserve.transports.http.services import services
 from layerserve.transports.http.v2_routes import parse_version
 
 _MAX_LOAD_BYTES = 1024 * 1024
 
 
-def _data(request: Request) -> DataPlane:
-    data: DataPlane = request.app.state.runtime.data
-    return data
-
-
 async def index(request: Request) -> Response:
     """POST /v2/repository/index: every version with its state and reason."""
-    return JSONResponse(v2.index_json(_data(request).index()))
+    return JSONResponse(v2.index_json(services(request).data.index()))
 
 
 async def load(request: Request) -> Response:
@@ -31,13 +26,13 @@ async def load(request: Request) -> Response:
     replacing config.yaml keys; answers once settled."""
     config = v2.parse_load_request(await read_body(request, _MAX_LOAD_BYTES))
     name = request.path_params["model"]
-    versions = await _data(request).load(name, config)
+    versions = await services(request).control.load(name, config)
     return JSONResponse({"name": name, "versions": [str(v) for v in versions]})
 
 
 async def unload(request: Request) -> Response:
     """POST /v2/repository/models/{model}/unload: unload every version (they finish their requests first)."""
-    await _data(request).unload(request.path_params["model"])
+    await services(request).control.unload(request.path_params["model"])
     return JSONResponse({"name": request.path_params["model"], "versions": []})
 
 
@@ -47,7 +42,7 @@ async def apply(request: Request) -> Response:
     with {"version": "latest"} unpins. Each answers once the active version is in place."""
     name, number = request.path_params["model"], parse_version(request)
     label = None if number is not None else request.path_params.get("label") or await _label_or_unpin(request)
-    active = await _data(request).apply(name, number, label)
+    active = await services(request).control.apply(name, number, label)
     pinned = number is not None or label is not None
     return JSONResponse({"name": name, "active_version": str(active or ""), "pinned": pinned})
 

@@ -6,19 +6,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from layerserve.messages import InferRequest, InferResponse
+from layerserve.dataplane import VersionStatus, VersionView
+from layerserve.messages import InferRequest
 from layerserve.protocols import tfserving, tfserving_examples
-from layerserve.serving.registry import ModelRegistry, ModelVersion, VersionState
 from layerserve.tensors import Array
 from layerserve.transports.http.bodies import JSONResponse, read_body
+from layerserve.transports.http.services import services
 from layerserve.transports.http.v2_routes import parse_version
 
-_TF_STATES = {VersionState.LOADING: "LOADING", VersionState.READY: "AVAILABLE", VersionState.FAILED: "END"}
-
-
-def _registry(request: Request) -> ModelRegistry:
-    registry: ModelRegistry = request.app.state.runtime.registry
-    return registry
+_TF_STATES = {"LOADING": "LOADING", "READY": "AVAILABLE", "FAILED": "END"}
 
 
 def _version_number(request: Request) -> int | None:
@@ -31,50 +27,47 @@ def _version_number(request: Request) -> int | None:
     label = request.path_params.get("label")
     if label is None:
         return parse_version(request)
-    return _registry(request).label_version(request.path_params["model"], label)
+    return services(request).data.label_version(request.path_params["model"], label)
 
 
-def _status(version: ModelVersion) -> dict[str, object]:
-    error = "UNKNOWN" if version.state is VersionState.FAILED else "OK"
+def _status(status: VersionStatus) -> dict[str, object]:
+    error = "UNKNOWN" if status.state == "FAILED" else "OK"
     return {
-        "version": str(version.version),
-        "state": _TF_STATES[version.state],
-        "status": {"error_code": error, "error_message": version.reason},
+        "version": str(status.version),
+        "state": _TF_STATES[status.state],
+        "status": {"error_code": error, "error_message": status.reason},
     }
 
 
-async def _infer(
-    request: Request, version: ModelVersion, inputs: dict[str, Array], outputs: tuple[str, ...]
-) -> dict[str, Array]:
-    """The data plane's answer for the leased `version`: the outputs (all, if none is named) by name."""
-    asked = InferRequest(version.name, inputs, outputs, version.version)
-    answer: InferResponse = await request.app.state.runtime.data.infer_on(version, asked)
-    return answer.outputs
+async def _infer(view: VersionView, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
+    """The view's answer: the outputs (all, if none is named) by name."""
+    return (await view.infer(InferRequest(view.model, inputs, outputs, view.version))).outputs
 
 
-async def _examples(request: Request, version: ModelVersion) -> dict[str, Array]:
+async def _examples(request: Request, view: VersionView) -> dict[str, Array]:
     """The inputs of a `:classify` or `:regress` body (texts and images still encoded)."""
-    body = await read_body(request, request.app.state.runtime.settings.max_body_bytes)
-    return tfserving_examples.parse_examples_request(body, version.graph, version.encoded_input)
+    body = await read_body(request, services(request).settings.max_body_bytes)
+    return tfserving_examples.parse_examples_request(body, view.graph, view.encoded_input)
+
+
+def _open(request: Request) -> VersionView:
+    """The version the path names (by number or label), to hold in an `async with`."""
+    return services(request).data.open(request.path_params["model"], _version_number(request))
 
 
 async def model_status(request: Request) -> Response:
     """GET /v1/models/{model}[/versions/{version}|/labels/{label}]."""
-    registry = _registry(request)
-    name, number = request.path_params["model"], _version_number(request)
-    if number is not None:
-        return JSONResponse({"model_version_status": [_status(registry.find(name, number))]})
-    versions = registry.entry(name).versions
-    return JSONResponse({"model_version_status": [_status(v) for _, v in sorted(versions.items(), reverse=True)]})
+    statuses = services(request).data.version_status(request.path_params["model"], _version_number(request))
+    return JSONResponse({"model_version_status": [_status(status) for status in statuses]})
 
 
 async def model_metadata(request: Request) -> Response:
     """GET /v1/models/{model}[/versions/{version}|/labels/{label}]/metadata."""
-    async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
-        signature_defs = {tfserving.SIGNATURE_NAME: tfserving.signature_def(version.signature)}
+    async with _open(request) as view:
+        signature_defs = {tfserving.SIGNATURE_NAME: tfserving.signature_def(view.signature)}
         return JSONResponse(
             {
-                "model_spec": {"name": version.name, "signature_name": "", "version": str(version.version)},
+                "model_spec": {"name": view.model, "signature_name": "", "version": str(view.version)},
                 "metadata": {"signature_def": {"signature_def": signature_defs}},
             }
         )
@@ -82,28 +75,26 @@ async def model_metadata(request: Request) -> Response:
 
 async def predict(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:predict."""
-    body = await read_body(request, request.app.state.runtime.settings.max_body_bytes)
-    async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
-        parsed = tfserving.parse_predict_request(body, version.graph, version.encoded_input)
-        outputs = await _infer(request, version, parsed.inputs, parsed.outputs)
+    body = await read_body(request, services(request).settings.max_body_bytes)
+    async with _open(request) as view:
+        parsed = tfserving.parse_predict_request(body, view.graph, view.encoded_input)
+        outputs = await _infer(view, parsed.inputs, parsed.outputs)
         return Response(tfserving.encode_predict_response(parsed, outputs), media_type="application/json")
 
 
 async def classify(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:classify: the classes of each example."""
-    async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
-        output = version.classify_output
-        scores = (await _infer(request, version, await _examples(request, version), (output,)))[output]
-        return Response(
-            tfserving_examples.encode_classifications(scores, version.labels), media_type="application/json"
-        )
+    async with _open(request) as view:
+        output = view.classify_output
+        scores = (await _infer(view, await _examples(request, view), (output,)))[output]
+        return Response(tfserving_examples.encode_classifications(scores, view.labels), media_type="application/json")
 
 
 async def regress(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:regress: one value per example."""
-    async with _registry(request).lease(request.path_params["model"], _version_number(request)) as version:
-        output = tfserving_examples.regression_output(version.signature)
-        values = (await _infer(request, version, await _examples(request, version), (output,)))[output]
+    async with _open(request) as view:
+        output = tfserving_examples.regression_output(view.signature)
+        values = (await _infer(view, await _examples(request, view), (output,)))[output]
         return Response(tfserving_examples.encode_regressions(values), media_type="application/json")
 
 

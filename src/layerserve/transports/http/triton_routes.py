@@ -12,6 +12,7 @@ from layerserve.logs import log_settings, update_log_settings
 from layerserve.protocols.triton import SHARED_MEMORY_UNSUPPORTED, model_config
 from layerserve.protocols.v2 import load_json_object
 from layerserve.transports.http.bodies import JSONResponse, read_body
+from layerserve.transports.http.services import services
 from layerserve.transports.http.v2_routes import parse_version
 
 _MAX_SETTINGS_BYTES = 64 * 1024
@@ -19,20 +20,20 @@ _MAX_SETTINGS_BYTES = 64 * 1024
 
 async def statistics(request: Request) -> Response:
     """GET /v2/models[/{model}[/versions/{version}]]/stats: Triton's `model_stats`."""
-    reports = request.app.state.runtime.data.statistics(request.path_params.get("model"), parse_version(request))
+    reports = services(request).data.statistics(request.path_params.get("model"), parse_version(request))
     stats = [report.statistics.to_dict(report.name, report.version) for report in reports]
     return JSONResponse({"model_stats": stats})
 
 
 async def config(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]/config: Triton's model configuration."""
-    metadata = request.app.state.runtime.data.metadata(request.path_params["model"], parse_version(request))
+    metadata = services(request).data.metadata(request.path_params["model"], parse_version(request))
     return JSONResponse(model_config(metadata))
 
 
 async def logging_settings(request: Request) -> Response:
     """GET /v2/logging: the log settings; POST changes them for this process (Triton's keys)."""
-    file = request.app.state.runtime.settings.log_file
+    file = services(request).settings.log_file
     if request.method == "GET":
         return JSONResponse(log_settings(file))
     changes = load_json_object(await read_body(request, _MAX_SETTINGS_BYTES) or b"{}", "the request body")

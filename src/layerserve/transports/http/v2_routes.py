@@ -7,11 +7,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from layerserve import __version__
-from layerserve.dataplane import DataPlane
 from layerserve.protocols import triton, v2
-from layerserve.serving.version import VersionState
 from layerserve.transports.http.bodies import JSONResponse, read_body
 from layerserve.transports.http.middleware import header_value
+from layerserve.transports.http.services import services
 
 _HEADER_LENGTH = v2.HEADER_LENGTH.encode()
 
@@ -39,21 +38,20 @@ async def live(request: Request) -> Response:
 async def ready(request: Request) -> Response:
     """GET /v2/health/ready: 200 once every model has settled (in every worker), else 503 (also once shutdown
     began)."""
-    runtime = request.app.state.runtime
-    is_ready = runtime.is_ready and (runtime.peers is None or await runtime.peers.is_every_group_ready())
+    is_ready = await services(request).readiness()
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 
 async def model_metadata(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]."""
-    data: DataPlane = request.app.state.runtime.data
+    data = services(request).data
     return JSONResponse(v2.metadata_json(data.metadata(request.path_params["model"], parse_version(request))))
 
 
 async def model_ready(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]/ready: 200 when ready, else 503."""
-    metadata = request.app.state.runtime.data.metadata(request.path_params["model"], parse_version(request))
-    is_ready = metadata.state == VersionState.READY
+    metadata = services(request).data.metadata(request.path_params["model"], parse_version(request))
+    is_ready = metadata.state == "READY"
     return JSONResponse(
         {"name": metadata.name, "version": str(metadata.version), "ready": is_ready},
         status_code=200 if is_ready else 503,
@@ -62,14 +60,14 @@ async def model_ready(request: Request) -> Response:
 
 async def infer(request: Request) -> Response:
     """POST /v2/models/{model}[/versions/{version}]/infer (JSON or binary tensor data)."""
-    runtime = request.app.state.runtime
-    body = await read_body(request, runtime.settings.max_body_bytes)
-    async with runtime.registry.lease(request.path_params["model"], parse_version(request)) as version:
+    found = services(request)
+    body = await read_body(request, found.settings.max_body_bytes)
+    async with found.data.open(request.path_params["model"], parse_version(request)) as view:
         raw_length = header_value(request.scope, _HEADER_LENGTH)
         header_length = None if raw_length is None else raw_length.decode("latin-1")
-        templates: v2.HeaderTemplates = request.app.state.header_templates
-        parsed = templates.parse(body, header_length, version, version.name, version.version, version.checks.declared)
-        content, length = v2.encode_infer_response(parsed, await runtime.data.infer_on(version, parsed))
+        templates = view.parse_state(v2.HeaderTemplates)
+        parsed = templates.parse(body, header_length, view.model, view.version, view.check_declared)
+        content, length = v2.encode_infer_response(parsed, await view.infer(parsed))
         if length is None:
             return Response(content, media_type="application/json")
         response = Response(content, media_type="application/octet-stream")

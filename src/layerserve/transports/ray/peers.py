@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from prometheus_client import REGISTRY
 
@@ -20,9 +20,6 @@ from layerserve.errors import LayerserveError, NotReadyError
 from layerserve.lifecycle.peers import ControlOp
 from layerserve.lifecycle.reloader import LoadFailedError
 from layerserve.transports.ray.metric_sum import collect_families, exposition
-
-if TYPE_CHECKING:
-    from layerserve.dataplane import DataPlane
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +43,9 @@ class RayPeers:
         self._failures: dict[int, str] = {}
         self._queue: asyncio.Queue[tuple[int, ControlOp]] = asyncio.Queue()
 
-    async def run(self, data: DataPlane, is_ready: Callable[[], bool]) -> None:
-        """Post every second and make what the board hands back, until cancelled."""
-        maker = asyncio.create_task(self._make_forever(data))
+    async def run(self, make: Callable[[ControlOp], Awaitable[None]], is_ready: Callable[[], bool]) -> None:
+        """Post every second and `make` what the board hands back, until cancelled."""
+        maker = asyncio.create_task(self._make_forever(make))
         try:
             while True:
                 with contextlib.suppress(Exception):  # the board restarting: the next post finds it
@@ -121,11 +118,11 @@ class RayPeers:
                 self._received = seq
                 self._queue.put_nowait((seq, ControlOp(**op)))
 
-    async def _make_forever(self, data: DataPlane) -> None:
+    async def _make_forever(self, make: Callable[[ControlOp], Awaitable[None]]) -> None:
         while True:
             seq, op = await self._queue.get()
             try:
-                await data.make(op)
+                await make(op)
                 log.info("made %s of %s, asked of another replica", op.kind, op.model)
             except LayerserveError as error:
                 log.error("%s of %s, asked of another replica, failed here: %s", op.kind, op.model, error.message)

@@ -77,6 +77,6 @@ def build_replica(settings_json: str, board: Any = None, identity: str | None = 
     identity = identity or replica_identity()
     peers = None if board is None else RayPeers(board, identity, group, groups, TELL_TIMEOUT_S)
     runtime = Runtime(settings, settle_first=True, peers=peers, launcher=RayLauncher(job_cpus))
-    state = ServingState(runtime.registry, runtime.data, lambda: runtime.is_ready, settings.max_body_bytes)
+    state = ServingState(runtime.data, runtime.control, lambda: runtime.is_ready, settings.max_body_bytes)
     servicer = InferenceServicer(state, CallGuard(settings.admin_token, settings.api_token, settings.access_log))
     return Replica(ReplicaHeaderMiddleware(create_app(runtime), identity), servicer, identity)
