@@ -94,8 +94,9 @@ def rss_mb(pid: int) -> float | None:
 
 
 def role_of(pid: int, supervisor: int, workers: bool = True) -> str:
-    """What a server process is: supervisor, worker, fork server, engine, preparer, training job, ...; without
-    `workers` the top process is the one server and its spawned child the preparer."""
+    """What a server process is: supervisor, worker, engine process, preparer, training job, ...; without
+    `workers` the top process is the one server. (Before engine processes and the preparer were started as
+    `python -m layerserve...`, a fork server forked the engine processes and the preparer was spawned.)"""
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -107,6 +108,10 @@ def role_of(pid: int, supervisor: int, workers: bool = True) -> str:
         return "training job"
     if "resource_tracker" in command:
         return "resource tracker"
+    if "layerserve.engines.process.child" in command:
+        return "engine process"
+    if "layerserve.lifecycle.preparer_child" in command:
+        return "preparer"
     if "forkserver" in command:
         return "engine process" if role_of(parent, supervisor, workers) == "fork server" else "fork server"
     if "spawn_main" in command:

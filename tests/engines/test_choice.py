@@ -103,7 +103,7 @@ def test_preparer_child_records_layer_table_and_verdict_once(tmp_path: Path) -> 
     assert read_record(cache) is not None
     stamp = cache.stat().st_mtime_ns
     again = Preparer()  # a fresh preparer reads the record: no child process is started
-    assert again.model(source, cache, 2) == prepared and again._pool is None
+    assert again.model(source, cache, 2) == prepared and again._child is None
     assert cache.stat().st_mtime_ns == stamp
     assert again.model(source, cache, 2) is again.model(source, cache, 2)  # parsed once, then kept
     record = cache.with_name(cache.name + ".json")

@@ -4,10 +4,13 @@ memory, their processes kept for the next session, and a killed one failing its 
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -329,6 +332,34 @@ def test_a_killed_shared_process_fails_every_session_in_it(multi_graph: tuple[ob
     finally:
         replacement.close()
         pool.stop_idle()
+
+
+_SERVER = """
+import json, sys, time
+from pathlib import Path
+from layerserve.engines.process.engine import ProcessOnnxEngine
+from layerserve.engines.process.pool import EngineProcessPool
+from layerserve.tensors import TensorSpec
+inputs = tuple(TensorSpec.from_dict(spec) for spec in json.loads(sys.argv[2]))
+print(ProcessOnnxEngine(EngineProcessPool(0), Path(sys.argv[1]), inputs, 1, 1).pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_engine_process_exits_when_its_server_is_killed(multi_graph: tuple[object, Path]) -> None:
+    model, graph = multi_graph
+    specs = json.dumps([spec.to_dict() for spec in read_signature(model).inputs])
+    command = [sys.executable, "-c", _SERVER, str(graph), specs]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as server:
+        assert server.stdout is not None
+        child = int(server.stdout.readline())
+        assert child != server.pid and is_running(child)
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while is_running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_running(child), "the engine process outlived its server"
 
 
 def test_an_unreadable_graph_is_a_load_error(

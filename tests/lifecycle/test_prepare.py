@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.prepare import Preparer
 
@@ -63,3 +65,21 @@ def test_close_stops_a_busy_child_at_once_and_its_caller_gets_an_error() -> None
     assert not caller.is_alive() and time.monotonic() - started < 15
     assert not _is_running(child)
     assert len(errors) == 1 and isinstance(errors[0], ModelLoadError), errors
+
+
+@pytest.mark.slow
+def test_a_jobs_error_is_raised_here_and_an_idle_child_stops() -> None:
+    preparer = Preparer(idle_s=0.5)
+    try:
+        with pytest.raises(ValueError, match="invalid literal") as raised:
+            preparer._run(int, "not a number")  # the job's own error, as a call here would raise it
+        assert any("preparer's child process" in note for note in raised.value.__notes__)
+        child = preparer._run(os.getpid)  # the child serves on after a failed job
+        assert child != os.getpid() and _is_running(child)
+        deadline = time.monotonic() + 30
+        while _is_running(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _is_running(child), "the idle child was not stopped"
+        assert preparer._run(os.getpid) not in (child, os.getpid())  # the next job starts a new one
+    finally:
+        preparer.close()

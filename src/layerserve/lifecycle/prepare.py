@@ -1,7 +1,8 @@
 """Preparation of a model file in a child process: load it, read its layer table, export and verify ONNX.
 
 Keras' loader and tf2onnx hold the GIL for long stretches; run in the server process, they stall the
-requests of every other model. A niced child process does this once per model file and writes the
+requests of every other model. A child process at background priority (a fresh interpreter that runs only
+`layerserve.lifecycle.preparer_child`, see ChildProcess) does this once per model file and writes the
 result (a `Preparation`) beside the ONNX export, keyed by the file's hash. Loading a version whose file
 was prepared before opens an ONNX Runtime session and nothing more. The preparation also locates each layer's
 output in the export, so that the server cuts the graph there without Keras (see CutCache); the child exports
@@ -14,23 +15,21 @@ import contextlib
 import functools
 import json
 import logging
-import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import CancelledError, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from layerserve.child_process import ChildProcess
 from layerserve.engines.base import Verdict, graph_name, max_difference, probe_batch
 from layerserve.engines.keras import KerasEngine
 from layerserve.engines.onnx import OnnxEngine, export_and_verify
 from layerserve.engines.onnx_subgraph import TensorPlace, locate_layers
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.model import Signature, file_digest, load_model, read_signature
-from layerserve.logs import import_tensorflow_quietly
 from layerserve.serving.layers import LayerGraph, LayerInfo
 from layerserve.tensors import TensorSpec
 
@@ -40,6 +39,9 @@ _FORMAT = 4  # 2: Embedding layers record their input_dim; 3: where layers' outp
 _NICENESS = 10
 _KEPT_PREPARATIONS = 64
 _LOCATE_ATOL = 1e-4  # a layer's output and its tensor in the export agree this closely on the probe batch
+_CHILD_MODULE = "layerserve.lifecycle.preparer_child"
+_STOP_TIMEOUT_S = 10.0
+_ABANDONED = "the server is stopping: the preparation was abandoned"
 T = TypeVar("T")
 
 
@@ -226,8 +228,8 @@ def exit_with_parent(every_s: float = 1.0) -> None:
     """A child process (the preparer, a training job) dies with the server that started it, instead of living
     on as an orphan holding gigabytes of TensorFlow: a daemon thread exits the process once its parent is gone.
 
-    (Not PR_SET_PDEATHSIG: it fires when the *thread* that started the child ends, and pools start children
-    from threads that come and go.)"""
+    (Not PR_SET_PDEATHSIG: it fires when the *thread* that started the child ends, and children are started from
+    threads that come and go.)"""
     parent = os.getppid()
 
     def watch() -> None:
@@ -238,15 +240,6 @@ def exit_with_parent(every_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _child_start() -> None:
-    """The child runs at background priority (before TensorFlow starts its threads), quiet, and dies with the
-    server."""
-    exit_with_parent()
-    lower_priority()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s (preparer): %(message)s")
-    import_tensorflow_quietly()  # every preparation loads a Keras model
-
-
 # --- In the server process ------------------------------------------------------------------------------
 
 
@@ -255,10 +248,12 @@ class Preparer:
 
     def __init__(self, idle_s: float = 60.0) -> None:
         self._idle_s = idle_s
-        self._pool: ProcessPoolExecutor | None = None
+        self._child: ChildProcess | None = None
+        self._reading: ChildProcess | None = None  # the child whose answer a job waits for
         self._running = 0
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
+        self._turn = threading.Lock()  # one job at a time on the child's connection
         self._closed = False
         # Records are immutable per model digest; parsing one holds the GIL for milliseconds per load.
         self._kept: dict[tuple[Path, int, int], Preparation] = {}
@@ -313,54 +308,99 @@ class Preparer:
             data = self._run(function, source, *names, onnx_file)
         return Verdict.from_dict(data)
 
-    def _run(self, function: Any, *args: Any) -> dict[str, Any]:
+    def _run(self, function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+        """`function(*args)` in the child (a function of layerserve's, sent by reference): its result, or its error
+        raised here.
+
+        Raises:
+            ModelLoadError: the child died, could not start, or was stopped by `close`.
+        """
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
-            if self._pool is None:
-                context = multiprocessing.get_context("spawn")  # never fork a process that runs TF threads
-                self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_child_start)
-            pool = self._pool
             self._running += 1
         try:
-            result: dict[str, Any] = pool.submit(function, *args).result()
-            return result
-        except (BrokenProcessPool, CancelledError):  # cancelled: `close` came before the child took the job
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            if self._closed:
-                raise ModelLoadError("the server is stopping: the preparation was abandoned") from None
-            raise ModelLoadError("the preparation process died (out of memory, or a crash in the exporter)") from None
+            with self._turn:
+                child = self._take_child()
+                try:
+                    child.connection.send((function, args))
+                    tag, body = child.connection.recv()
+                except (EOFError, OSError):
+                    self._forget(child)
+                    if self._closed:
+                        raise ModelLoadError(_ABANDONED) from None
+                    raise ModelLoadError(
+                        "the preparation process died (out of memory, or a crash in the exporter)"
+                    ) from None
+                finally:
+                    self._done_reading(child)
         finally:
             with self._lock:
                 self._running -= 1
-                if self._running == 0 and self._pool is not None:
+                if self._running == 0 and self._child is not None:
                     self._timer = threading.Timer(self._idle_s, self._stop_if_idle)
                     self._timer.daemon = True
                     self._timer.start()
+        if tag == "error":
+            raise body
+        result: dict[str, Any] = body
+        return result
+
+    def _take_child(self) -> ChildProcess:
+        """The running child, else a new one; marked as read by the caller until `_done_reading`."""
+        with self._lock:
+            if self._closed:
+                raise ModelLoadError(_ABANDONED)
+            if self._child is None:
+                try:
+                    self._child = ChildProcess(_CHILD_MODULE)
+                except OSError as error:
+                    raise ModelLoadError(f"could not start the preparation process: {error}") from None
+            self._reading = self._child
+            return self._child
+
+    def _done_reading(self, child: ChildProcess) -> None:
+        """The caller no longer reads the child's connection: closed if the child was stopped meanwhile."""
+        with self._lock:
+            self._reading = None
+            stopped = child is not self._child
+        if stopped:
+            child.connection.close()
+
+    def _forget(self, child: ChildProcess) -> None:
+        """The child died: reap it; the next job starts a new one."""
+        with self._lock:
+            if self._child is child:
+                self._child = None
+        child.kill()
+        child.wait(_STOP_TIMEOUT_S)
 
     def _stop_if_idle(self) -> None:
         with self._lock:
-            if self._running or self._pool is None:
+            if self._running or self._child is None:
                 return
-            pool, self._pool = self._pool, None
-        pool.shutdown(wait=True)
+            child, self._child = self._child, None
+        child.connection.close()  # no job reads it: the child reads the end of its input and exits
+        if child.wait(_STOP_TIMEOUT_S) is None:
+            child.kill()
+            child.wait(_STOP_TIMEOUT_S)
 
     def close(self) -> None:
         """Stop the child now, abandoning the job it runs, if any (its caller gets a ModelLoadError): a server that
         is stopping must not wait for an export, which can take minutes. What the job wrote is whole or absent
-        (files are written under a temporary name, then renamed), so the next start prepares it again."""
+        (files are written under a temporary name, then renamed), so the next start prepares it again. Jobs asked
+        for afterwards get a ModelLoadError."""
         with self._lock:
             self._closed = True
             if self._timer is not None:
                 self._timer.cancel()
-            pool, self._pool = self._pool, None
-        if pool is None:
+            child, self._child = self._child, None
+            read = child is not None and self._reading is child
+        if child is None:
             return
-        processes = list(getattr(pool, "_processes", {}).values())  # no public way to stop a busy worker (3.11)
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.join(timeout=10)
+        child.terminate()
+        if child.wait(_STOP_TIMEOUT_S) is None:
+            child.kill()
+            child.wait(_STOP_TIMEOUT_S)
+        if not read:  # else the job that waits for its answer reads the end of it, and closes it
+            child.connection.close()

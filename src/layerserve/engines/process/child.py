@@ -13,12 +13,18 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from layerserve.child_process import parent_connection
 from layerserve.engines.base import probe_batch
 from layerserve.engines.onnx import OnnxEngine, share_arena
 from layerserve.engines.process.channel import Channel
 from layerserve.engines.process.usage import process_usage, trim_heap
 from layerserve.lifecycle.model import file_digest
 from layerserve.tensors import Array, TensorSpec
+
+
+def main() -> None:
+    """`python -m layerserve.engines.process.child FD`: serve the server's connection, file descriptor FD."""
+    serve(parent_connection())
 
 
 def serve(connection: Connection) -> None:
@@ -162,3 +168,7 @@ def _restore_priority() -> None:
 def _describe(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:500] if text else type(error).__name__
+
+
+if __name__ == "__main__":
+    main()

@@ -6,12 +6,13 @@ the GIL and takes 2-6 ms for EfficientNet-lite0 (it frees the arena and thousand
 joins the session's threads), and the warm-up keeps both cores busy. In the server process, each reload
 of a big model stalled the event loop that answers every other model. Here a session is opened, warmed
 up and freed in an engine process; the server hands each batch over through shared memory and waits with
-the GIL released. The processes are forked from multiprocessing's fork server, which has imported ONNX
-Runtime once. A process holds the sessions of up to all the big models (each served by a thread of its own over
-a connection of its own, so that they compute side by side): what ONNX Runtime and Python cost a process (~70 MB)
-is paid once per process, not once per model; `max_processes` processes at most (0: one per session), each new
+the GIL released. Each process is a fresh interpreter that runs only layerserve's engine module (`python -m
+layerserve.engines.process.child`, see ChildProcess), never the script that started the server. A process holds
+the sessions of up to all the big models (each served by a thread of its own over a connection of its own, so that
+they compute side by side): what ONNX Runtime and Python cost a process (~70 MB) is paid once per process, not
+once per model; `max_processes` processes at most (0: one per session), each new
 session in the process with the fewest. A process without sessions is kept for the next one (up to `kept_idle`):
-a reload then opens a session in a process that already runs, rather than forking one and tearing another
+a reload then opens a session in a process that already runs, rather than starting one and tearing another
 down. Where the process may raise its priority back (CAP_SYS_NICE, or a RLIMIT_NICE that allows it), it
 opens, warms up and frees sessions, and hashes big model files, at the lowest priority, and serves at the
 normal one, so that a reload takes only idle CPU from the models that serve meanwhile.
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import signal
 import threading
 from multiprocessing import reduction
+from multiprocessing.connection import Pipe
 from pathlib import Path
 
+from layerserve.child_process import ChildProcess
 from layerserve.engines.process.channel import Channel
 from layerserve.engines.process.usage import process_usage
 from layerserve.errors import ModelLoadError
@@ -48,17 +50,8 @@ class EngineHost:
         self.session_bytes = 0  # what opening its sessions added to its memory, counted by their engines
         self._lock = threading.Lock()  # one exchange at a time on the control channel
         self._stopped = False
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["onnxruntime", "layerserve.engines.process.child"])
-        connection, theirs = context.Pipe()
-        self.channel = Channel(connection)
-        from layerserve.engines.process.child import serve
-
-        self.process = context.Process(target=serve, args=(theirs,), name="layerserve-engine", daemon=True)
-        try:
-            self.process.start()
-        finally:
-            theirs.close()
+        self.process = ChildProcess("layerserve.engines.process.child")
+        self.channel = Channel(self.process.connection)
 
     def open_session(
         self, path: Path, inputs: tuple[TensorSpec, ...], threads: int, rows: int, lanes: int = 1
@@ -69,7 +62,7 @@ class EngineHost:
         Raises:
             EOFError, OSError: the process is gone.
         """
-        pairs = [multiprocessing.Pipe() for _ in range(lanes)]
+        pairs = [Pipe() for _ in range(lanes)]
         try:
             with self._lock:
                 self.channel.send("open", (str(path), inputs, threads, rows, lanes))
@@ -109,17 +102,15 @@ class EngineHost:
                     if tag == "stopped":
                         cpu_seconds = float(body)
             self.channel.connection.close()
-        self.process.join(_STOP_TIMEOUT_S)
-        if self.process.is_alive():
+        if self.process.wait(_STOP_TIMEOUT_S) is None:
             log.warning("engine process %d did not stop; killing it", self.process.pid)
             self.process.kill()
-            self.process.join(_STOP_TIMEOUT_S)
+            self.process.wait(_STOP_TIMEOUT_S)
         self._pool.forget(self, cpu_seconds)
 
     def gone(self, graph: str) -> str:
         """Why the process stopped answering (it is reaped here), for the version's FAILED reason."""
-        self.process.join(1.0)
-        code = self.process.exitcode
+        code = self.process.wait(1.0)
         if code is None:
             how = "stopped answering"
         elif code < 0:
@@ -131,7 +122,7 @@ class EngineHost:
 
     def resident_bytes(self) -> int:
         """The process's resident memory (0 once it is gone)."""
-        return process_usage(self.process.pid or -1)[1]
+        return process_usage(self.process.pid)[1]
 
 
 class EngineProcessPool:
@@ -259,7 +250,7 @@ class EngineProcessPool:
             cpu_seconds, hosts = self._stopped_cpu_seconds, list(self._live)
         resident = 0
         for host in hosts:
-            cpu, rss = process_usage(host.process.pid or -1)
+            cpu, rss = process_usage(host.process.pid)
             cpu_seconds += cpu
             resident += rss
         return cpu_seconds, resident
