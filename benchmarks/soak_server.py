@@ -95,8 +95,8 @@ def rss_mb(pid: int) -> float | None:
 
 def role_of(pid: int, supervisor: int, workers: bool = True) -> str:
     """What a server process is: supervisor, worker, engine process, preparer, training job, ...; without
-    `workers` the top process is the one server. (Before engine processes and the preparer were started as
-    `python -m layerserve...`, a fork server forked the engine processes and the preparer was spawned.)"""
+    `workers` the top process is the one server. (Before they were started as `python -m layerserve...`, uvicorn
+    spawned the workers, a fork server forked the engine processes and the preparer was spawned.)"""
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -112,6 +112,8 @@ def role_of(pid: int, supervisor: int, workers: bool = True) -> str:
         return "engine process"
     if "layerserve.lifecycle.preparer_child" in command:
         return "preparer"
+    if "layerserve.workers" in command:
+        return "worker"
     if "forkserver" in command:
         return "engine process" if role_of(parent, supervisor, workers) == "fork server" else "fork server"
     if "spawn_main" in command:

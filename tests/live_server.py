@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -12,12 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import uvicorn
+import uvloop
 
-from layerserve import create_app
-from layerserve.runtime import Runtime
+from layerserve.server import Server
 from layerserve.settings import Settings
-from layerserve.transports.http.server import uvicorn_options
 
 
 def free_port() -> int:
@@ -33,8 +32,9 @@ class LiveServer:
     """A started server: its base URL, and how to stop it."""
 
     url: str
-    server: uvicorn.Server
+    server: Server
     thread: threading.Thread
+    loop: asyncio.AbstractEventLoop
     grpc_port: int = 0
 
     @property
@@ -49,24 +49,28 @@ class LiveServer:
         return self.url.removeprefix("http://")
 
     def stop(self) -> None:
-        """Ask uvicorn to exit and wait for its thread."""
-        self.server.should_exit = True
+        """Ask the server to stop and wait for its thread."""
+        self.loop.call_soon_threadsafe(self.server.request_exit)
         self.thread.join(timeout=30)
 
 
 def start_server(settings: Settings, ready_timeout_s: float = 180, grpc: bool = False) -> LiveServer:
-    """Start uvicorn with create_app(Runtime(settings)) and return once /v2/health/ready answers 200.
+    """Start a Server(settings) with its doors on a thread of its own and return once /v2/health/ready answers 200.
 
-    With `grpc`, the app's gRPC door listens on a free port too; without, it is off (never the default 8001).
+    With `grpc`, the gRPC door listens on a free port too; without, it is off (never the default 8001).
     """
     port, grpc_port = free_port(), free_port() if grpc else 0
-    app = create_app(Runtime(settings.model_copy(update={"grpc_port": grpc_port})))
-    options = uvicorn_options(settings) | {"host": "127.0.0.1", "port": port, "log_level": "warning"}
-    config = uvicorn.Config(app, **options)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    settings = settings.model_copy(update={"host": "127.0.0.1", "port": port, "grpc_port": grpc_port})
+    server = Server(settings)
+    loop = uvloop.new_event_loop()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.serve())
+
+    thread = threading.Thread(target=serve, name=f"server-{port}", daemon=True)
     thread.start()
-    live = LiveServer(f"http://127.0.0.1:{port}", server, thread, grpc_port)
+    live = LiveServer(f"http://127.0.0.1:{port}", server, thread, loop, grpc_port)
     deadline = time.monotonic() + ready_timeout_s
     # A bounded wait on the real readiness endpoint: the server is a black box from here.
     while time.monotonic() < deadline:

@@ -1,4 +1,5 @@
-"""BlockingRuntime: a Runtime on an event loop of its own thread, called from synchronous code (a Flask view)."""
+"""BlockingRuntime: a Server without doors on an event loop of its own thread, called from synchronous code (a Flask
+view)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ from layerserve.messages import (
     InferRequest,
     InferResponse,
 )
-from layerserve.runtime import Runtime
+from layerserve.server import Server
 from layerserve.settings import Settings
 
 T = TypeVar("T")
 
 
 class BlockingRuntime:
-    """A started Runtime whose calls block until answered; any number of threads may call it at once.
+    """A started Server (no doors: its data plane only) whose calls block until answered; any number of threads may
+    call it at once.
 
     Build one per process (models load once, here); requests from many threads are batched together as the
     server's are. `close()` (or leaving a `with` block) stops it.
@@ -39,13 +41,12 @@ class BlockingRuntime:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="layerserve-runtime", daemon=True)
         self._thread.start()
-        self.runtime: Runtime = self._call(self._start(settings), ready_timeout_s)
+        self.server: Server = self._call(self._start(settings), ready_timeout_s)
 
-    async def _start(self, settings: Settings) -> Runtime:
-        runtime = Runtime(settings)
-        await runtime.start()
-        await runtime.registry.wait_settled()
-        return runtime
+    async def _start(self, settings: Settings) -> Server:
+        server = Server(settings, settle_first=True)
+        await server.start()
+        return server
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
@@ -56,21 +57,21 @@ class BlockingRuntime:
             raise NotReadyError(f"no answer within {timeout_s} s") from None
 
     def infer(self, request: InferRequest) -> InferResponse:
-        """`Runtime.infer`, blocking."""
-        return self._call(self.runtime.data.infer(request))
+        """`DataPlane.infer`, blocking."""
+        return self._call(self.server.data.infer(request))
 
     def classify(self, request: ClassifyRequest) -> ClassifyResponse:
-        """`Runtime.classify`, blocking."""
-        return self._call(self.runtime.data.classify(request))
+        """`DataPlane.classify`, blocking."""
+        return self._call(self.server.data.classify(request))
 
     def features(self, request: FeaturesRequest) -> FeaturesResponse:
-        """`Runtime.features` (a layer's output per image or text), blocking."""
-        return self._call(self.runtime.data.features(request))
+        """`DataPlane.features` (a layer's output per image or text), blocking."""
+        return self._call(self.server.data.features(request))
 
     def close(self) -> None:
-        """Stop the runtime and its thread."""
+        """Stop the server and its thread."""
         if self._thread.is_alive():
-            self._call(self.runtime.close())
+            self._call(self.server.stop())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()

@@ -6,10 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
-import signal
 import sys
-import tempfile
 import types
 import typing
 from pathlib import Path
@@ -52,13 +49,7 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from layerserve.gpu import apply_settings
-    from layerserve.lifecycle.worker_board import FOLDER_VARIABLE
-    from layerserve.runtime import Runtime
-    from layerserve.transports.http.app import SETTINGS_VARIABLE, create_app
-    from layerserve.transports.http.server import uvicorn_options
     from layerserve.transports.ports import check_can_listen
 
     settings = _settings(args, model_repository=args.repository)
@@ -68,28 +59,13 @@ def _serve(args: argparse.Namespace) -> int:
     apply_settings(settings)
     check_can_listen(settings.host, settings.port, "--port")
     check_can_listen(settings.host, settings.grpc_port, "--grpc-port (0: no gRPC service)")
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler it found: make that
-    # handler a no-op so that a clean shutdown exits with status 0, as process supervisors expect.
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    options = uvicorn_options(settings)
-    if settings.workers == 1:
-        uvicorn.run(create_app(Runtime(settings)), **options)
-        return 0
-    # Each worker is a new process that builds the app and loads the models itself (nothing is loaded
-    # here, before the workers start); their metrics are kept in files that /metrics sums, and their
-    # readiness on a board of files (uvicorn restarts a worker that dies, and the new one loads again).
-    metrics_dir = tempfile.mkdtemp(prefix="layerserve-metrics-")
-    board_dir = tempfile.mkdtemp(prefix="layerserve-workers-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    os.environ[FOLDER_VARIABLE] = board_dir
-    os.environ[SETTINGS_VARIABLE] = settings.model_dump_json()
-    try:
-        uvicorn.run(
-            "layerserve.transports.http.app:app_from_environment", factory=True, workers=settings.workers, **options
-        )
-    finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        shutil.rmtree(board_dir, ignore_errors=True)
+    if settings.workers > 1:
+        from layerserve.workers import Supervisor
+
+        return Supervisor(settings).run()
+    from layerserve.server import Server
+
+    Server(settings).run()
     return 0
 
 
@@ -166,8 +142,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from layerserve.lifecycle.reloader import check_model_name
-    from layerserve.lifecycle.repository import write_pin
+    from layerserve.lifecycle.repository import check_model_name, write_pin
     from layerserve.training.datasets import format_of, parse_dataset
     from layerserve.training.recipe import (
         TextTrainingParams,

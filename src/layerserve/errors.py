@@ -47,6 +47,12 @@ class ModelLoadError(LayerserveError):
     """A version could not be loaded; the message is its FAILED reason."""
 
 
+class LoadFailedError(LayerserveError):
+    """A version asked for by load or apply could not be loaded (409); the previous one still serves."""
+
+    status_code = 409
+
+
 class ConfigError(LayerserveError):
     """A settings value or a model's config.yaml is invalid."""
 
@@ -81,3 +87,9 @@ class PermissionDeniedError(LayerserveError):
     """The bearer token is not one this call accepts (403; gRPC PERMISSION_DENIED)."""
 
     status_code = 403
+
+
+class ClientClosedError(LayerserveError):
+    """The client went away before its request was read or answered: nothing is answered (recorded as 499)."""
+
+    status_code = 499

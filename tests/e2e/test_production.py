@@ -3,6 +3,7 @@ shutdown with requests in flight."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -321,18 +322,18 @@ def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_pa
     assert time.monotonic() - started > 1.3  # it did finish after the signal
 
 
-def test_sigterm_turns_readiness_off_before_the_server_stops() -> None:
-    from layerserve.transports.http.app import _turn_unready_on_sigterm
+def test_sigterm_turns_readiness_off_before_the_server_stops(settings: Settings) -> None:
+    from layerserve.server import Server
 
-    calls: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda number, frame: calls.append(number))
-    try:
-        draining = threading.Event()
-        _turn_unready_on_sigterm(draining)
-        signal.raise_signal(signal.SIGTERM)
-        assert draining.is_set() and calls == [signal.SIGTERM]  # then uvicorn's own handler runs
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    async def scenario() -> None:
+        server = Server(settings.model_copy(update={"reload_interval_s": 0}), settle_first=True)
+        await server.start()
+        assert server.runtime.is_ready
+        server.request_exit()  # what SIGTERM and SIGINT call (Server.run)
+        assert not server.runtime.is_ready and not await server.runtime.readiness()  # before anything stops
+        await server.stop()
+
+    asyncio.run(scenario())
 
 
 def test_logs_go_to_stdout_or_a_file_as_json_lines(tmp_path: Path) -> None:

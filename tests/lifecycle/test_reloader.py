@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerserve.errors import ConfigError, NotFoundError
-from layerserve.lifecycle.reloader import LoadFailedError, Reloader
+from layerserve.errors import ConfigError, LoadFailedError, NotFoundError
+from layerserve.lifecycle.reloader import Reloader
 from layerserve.lifecycle.repository import PIN_FILE
 from layerserve.serving.registry import ModelRegistry
 from layerserve.settings import Settings

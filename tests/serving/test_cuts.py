@@ -55,7 +55,7 @@ def test_bounded_and_keras_only(tmp_path: Path) -> None:
         assert cache.get(("features", "tokens"), (output,)).engine.name == "keras"
     assert [c["outputs"] for c in cache.describe()] == [["flat"], ["joined"]]
     exporter.shutdown(wait=True)
-    assert all(c["engine"] == "keras" for c in cache.describe()) and preparer._pool is None
+    assert all(c["engine"] == "keras" for c in cache.describe()) and preparer._child is None
 
 
 def _served(tmp_path: Path, build: Any = build_multi) -> tuple[Any, LayerGraph, ModelSource, Preparer, ServedExport]:

@@ -1,6 +1,6 @@
-"""The bare baselines of `layerserve bench`: the same HTTP stack (uvicorn, uvloop, httptools with the server's own
-protocol, Starlette) answering every POST with a constant, and the same gRPC stack (grpc.aio on uvloop) answering
-every ModelInfer with a constant, to show what the stack alone costs."""
+"""The bare baselines of `layerserve bench`: the same HTTP stack (the HTTP door's own connections on uvloop and
+httptools, Starlette) answering every POST with a constant, and the same gRPC stack (the gRPC door's connections on
+uvloop) answering every ModelInfer with a constant, to show what the stack alone costs."""
 
 from __future__ import annotations
 
@@ -26,12 +26,21 @@ def bare_app() -> Starlette:
 
 
 def _serve(port: int) -> None:
-    import uvicorn
+    import asyncio
 
-    from layerserve.transports.http.server import HttpProtocol  # the server's own protocol: one write an answer
+    import uvloop
 
-    uvicorn.run(bare_app(), host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http=HttpProtocol,
-                access_log=False)  # fmt: skip
+    from layerserve.settings import Settings
+    from layerserve.transports.http.door import limits_of
+    from layerserve.transports.http.protocol import DoorState, HttpProtocol
+
+    async def main() -> None:
+        state = DoorState(bare_app(), None, limits_of(Settings(model_repository=".")))
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: HttpProtocol(state, loop), "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(main())
 
 
 def _serve_grpc(port: int) -> None:

@@ -5,10 +5,10 @@ and answers each with ("done", result) or ("error", the exception)."""
 from __future__ import annotations
 
 import logging
-import pickle
 import signal
 import traceback
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from layerserve.child_process import parent_connection
@@ -32,11 +32,13 @@ def serve(connection: Connection) -> None:
     """Answer each job, until the server closes the connection."""
     while True:
         try:
-            message = connection.recv_bytes()
+            function, args = connection.recv()  # from the server that started this process, over its own socket
         except EOFError:  # the server is gone, or stopped us
             return
+        except Exception as error:  # a job that cannot be read here: its caller gets the error
+            connection.send(("error", _transferable(error)))
+            continue
         try:
-            function, args = pickle.loads(message)
             answer: tuple[str, Any] = ("done", function(*args))
         except Exception as error:  # the job's boundary: its caller in the server gets the error, with our traceback
             answer = ("error", _transferable(error))
@@ -47,7 +49,7 @@ def _transferable(error: Exception) -> Exception:
     """The error, noting the traceback in this process, if it survives pickling; else a RuntimeError that names it."""
     error.add_note("in the preparer's child process:\n" + "".join(traceback.format_tb(error.__traceback__)))
     try:
-        pickle.loads(pickle.dumps(error))
+        ForkingPickler.loads(ForkingPickler.dumps(error))
     except Exception:  # some libraries' errors do not pickle (required arguments, unpicklable state)
         return RuntimeError(f"{type(error).__name__}: {error}")
     return error

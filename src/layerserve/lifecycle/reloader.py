@@ -10,9 +10,10 @@ from typing import Any
 
 from layerserve.engines.base import cache_problem
 from layerserve.engines.process.usage import trim_heap
-from layerserve.errors import BadRequestError, LayerserveError, NotFoundError
+from layerserve.errors import LoadFailedError, NotFoundError
 from layerserve.lifecycle.repository import (
     ModelSpec,
+    check_model_name,
     fingerprint,
     label_version,
     model_folders,
@@ -26,22 +27,6 @@ from layerserve.serving.version import ModelVersion
 from layerserve.settings import ModelConfig, check_config_override
 
 log = logging.getLogger(__name__)
-
-
-class LoadFailedError(LayerserveError):
-    """A version asked for by load or apply could not be loaded (409); the previous one still serves."""
-
-    status_code = 409
-
-
-def check_model_name(name: str) -> None:
-    """A model name is one plain folder name.
-
-    Raises:
-        BadRequestError: empty, hidden, `..`, or holding a path separator or NUL.
-    """
-    if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
-        raise BadRequestError(f"invalid model name {name!r}: expected a folder name of the repository")
 
 
 class Reloader:

@@ -10,10 +10,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerserve.errors import ConfigError, LayerserveError, NotReadyError
+from layerserve.errors import BadRequestError, ConfigError, LayerserveError, NotReadyError
 from layerserve.settings import ModelConfig, read_model_config
 
 log = logging.getLogger(__name__)
+
+
+def check_model_name(name: str) -> None:
+    """A model name is one plain folder name of the repository.
+
+    Raises:
+        BadRequestError: empty, hidden, `..`, or holding a path separator or NUL.
+    """
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
+        raise BadRequestError(f"invalid model name {name!r}: expected a folder name of the repository")
+
 
 CONFIG_FILE = "config.yaml"
 PIN_FILE = ".pinned_version"

@@ -260,7 +260,7 @@ def _parse_line(line: bytes) -> dict[str, Any]:
 
 def _crash_reason(code: int, stderr: str) -> str:
     if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        name = signal.Signals(-code).name if -code in {int(s) for s in signal.valid_signals()} else str(-code)
         head = f"the training process was killed by {name}"
     else:
         head = f"the training process exited with code {code}"

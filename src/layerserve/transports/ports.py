@@ -40,3 +40,40 @@ def check_can_listen(host: str, port: int, flag: str) -> None:
                 f"cannot listen on {where}: another program listens there; stop it, or choose another port with {flag}"
             ) from None
         raise ConfigError(f"cannot listen on {where} ({flag}): {error.strerror or error}") from None
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` that other processes of this user may bind too (SO_REUSEPORT: a node's
+    Ray replicas share their direct port, the kernel spreading connections over them).
+
+    Raises:
+        OSError: the port is held without SO_REUSEPORT, or by another user.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (SO_REUSEADDR), for worker processes to share.
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock

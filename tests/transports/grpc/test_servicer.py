@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import queue
 import signal
 from collections.abc import Iterator
@@ -22,9 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from layerserve.errors import LayerserveError
 from layerserve.settings import Settings
-from layerserve.transports.grpc.calls import CallGuard, status_of
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, SLOW_ROWS
 from tests.demo.test_demo import chelsea_batch, package_file
 from tests.live_server import (
@@ -197,37 +194,6 @@ def test_errors_map_to_status_codes(client: tg.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as caught:
         client.get_system_shared_memory_status()
     assert _code(caught.value) == "StatusCode.UNIMPLEMENTED" and "shared memory" in caught.value.message()
-
-
-def test_every_error_status_maps(caplog: pytest.LogCaptureFixture) -> None:
-    codes = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-             409: "FAILED_PRECONDITION", 413: "RESOURCE_EXHAUSTED", 415: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT",
-             503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}  # fmt: skip
-    for status, name in codes.items():
-        error = type("Error", (LayerserveError,), {"status_code": status})("what went wrong")
-        assert status_of(error, {}) == (getattr(grpc.StatusCode, name), "what went wrong")
-
-    async def bug() -> None:
-        raise RuntimeError("a bug")
-
-    guard = CallGuard(None, None, log_requests=False)
-    with caplog.at_level(logging.ERROR, "layerserve.transports.http.middleware"):
-        answer, code, message = asyncio.run(guard.attempt("ModelInfer", bug))
-    assert answer is None and code is grpc.StatusCode.INTERNAL and message.startswith("internal error ")
-    logged = [r for r in caplog.records if message.removeprefix("internal error ") in r.getMessage()]
-    assert len(logged) == 1 and logged[0].exc_info is not None
-
-
-def test_calls_are_written_to_the_access_log(caplog: pytest.LogCaptureFixture) -> None:
-    async def answer() -> str:
-        return "answer"
-
-    guard = CallGuard(None, None, log_requests=True)
-    with caplog.at_level(logging.INFO, "layerserve.access"):
-        assert asyncio.run(guard.attempt("ModelMetadata", answer)) == ("answer", grpc.StatusCode.OK, "")
-    (record,) = [r for r in caplog.records if r.name == "layerserve.access"]
-    assert record.getMessage().startswith("GRPC /inference.GRPCInferenceService/ModelMetadata route=grpc.ModelMetadata")
-    assert record.status == "OK" and record.route == "grpc.ModelMetadata"  # type: ignore[attr-defined]
 
 
 def test_stream_answers_every_request(server: LiveServer, repository: Path) -> None:
@@ -469,8 +435,7 @@ def test_sigterm_lets_a_grpc_call_in_flight_finish(tmp_path: Path) -> None:
 def test_a_single_worker_refuses_a_taken_grpc_port(tmp_path: Path) -> None:
     import socket
 
-    from layerserve.transports.grpc.server import GrpcDoor
-    from layerserve.transports.grpc.servicer import ServingState
+    from layerserve.server import Server
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -478,7 +443,9 @@ def test_a_single_worker_refuses_a_taken_grpc_port(tmp_path: Path) -> None:
         settings = Settings(model_repository=tmp_path, grpc_port=taken.getsockname()[1])
 
         async def start() -> None:
-            await GrpcDoor(settings, ServingState(None, None, lambda: True, 1024), asyncio.Event().wait).start()  # type: ignore[arg-type]
+            door = Server(settings).grpc
+            assert door is not None
+            await door.start()
 
         with pytest.raises(RuntimeError, match="Failed to bind"):
             asyncio.run(start())

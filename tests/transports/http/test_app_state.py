@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from layerserve.transports.http.app import AppState, LayerserveApp
+from layerserve.server import Server
+from layerserve.settings import Settings
+from layerserve.transports.http.app import AppState
 
 
-def test_the_apps_state_is_found_by_the_normal_lookup() -> None:
-    state = LayerserveApp().state
+def test_the_apps_state_is_found_by_the_normal_lookup(settings: Settings) -> None:
+    state = Server(settings).app.state
     assert isinstance(state, AppState)
+    assert object.__getattribute__(state, "services") is state.services  # Starlette's own State: AttributeError
     state.runtime = "runtime"
-    assert object.__getattribute__(state, "runtime") == "runtime"  # Starlette's own State raises AttributeError
+    assert object.__getattribute__(state, "runtime") == "runtime"
     assert state["runtime"] == "runtime" and state.runtime == "runtime"
 
 

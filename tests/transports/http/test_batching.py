@@ -83,6 +83,10 @@ class GatedEngine:
         resident: tuple[int, int] = self._engine.resident()
         return resident
 
+    def close(self) -> None:
+        """Free the wrapped engine (the server stops)."""
+        self._engine.close()
+
 
 @pytest.fixture
 def gated(repository: Path, tmp_path: Path, engine_cache: Path) -> Iterator[tuple[LiveServer, GatedEngine]]:
@@ -91,7 +95,7 @@ def gated(repository: Path, tmp_path: Path, engine_cache: Path) -> Iterator[tupl
     (mlp_only / "mlp" / "1").symlink_to(repository / "mlp" / "1")
     settings = Settings(model_repository=mlp_only, engine_cache_dir=engine_cache, max_queue_size=2, inline_max_ms=0)
     live = start_server(settings)  # inline_max_ms=0: the gated engine must block its thread, not the loop
-    version = live.server.config.app.state.runtime.registry.get("mlp")
+    version = live.server.runtime.registry.get("mlp")
     engine = GatedEngine(version.engine, threading.Event())
     version.engine = engine
     yield live, engine
@@ -113,7 +117,7 @@ def test_queue_full_is_503_and_deadline_is_504(gated: tuple[LiveServer, GatedEng
         running = pool.submit(httpx.post, f"{live.url}{url}", content=_body(x), timeout=60)
         assert engine.entered.wait(timeout=30)
         queued = [pool.submit(httpx.post, f"{live.url}{url}", content=_body(x), timeout=60) for _ in range(2)]
-        version = live.server.config.app.state.runtime.registry.get("mlp")
+        version = live.server.runtime.registry.get("mlp")
         for _ in range(3000):  # the two requests are on their way into the queue (at most 30 s)
             if version.batching()["queued"] == 2:
                 break

@@ -127,7 +127,7 @@ def test_redis_outage_fails_no_request_and_hits_resume(cached_server: LiveServer
 
 
 def test_two_server_processes_share_entries(cached_server: LiveServer, cached_repo: Path, tmp_path: Path) -> None:
-    settings: Any = cached_server.server.config.app.state.runtime.settings
+    settings: Any = cached_server.server.settings
     port = free_port()
     command = [sys.executable, "-m", "layerserve", "serve", str(cached_repo), "--port", str(port), "--grpc-port", "0",
                "--engine-cache-dir", str(settings.engine_cache_dir), "--redis-url", settings.redis_url,

@@ -77,11 +77,10 @@ def _send_gzipped(case: Any, url: str) -> httpx.Response:
 
 
 def test_openapi_lists_every_route(fuzz_url: str) -> None:
-    from layerserve import create_app
-    from layerserve.runtime import Runtime
+    from layerserve.server import Server
 
     documented = set(document()["paths"])
-    app = create_app(Runtime(Settings(model_repository=Path("/nonexistent"))))
+    app = Server(Settings(model_repository=Path("/nonexistent"))).app
     routes = {route.path for route in app.routes if isinstance(route, Route)}
     assert routes == documented
     served = httpx.get(f"{fuzz_url}/openapi.json").json()

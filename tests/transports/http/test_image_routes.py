@@ -19,7 +19,7 @@ from PIL import Image
 from starlette.requests import Request
 
 from layerserve.settings import Settings
-from layerserve.transports.http.middleware import query_parameters
+from layerserve.transports.http.image_routes import query_parameters
 from tests.demo.test_demo import REFERENCE_TOP5, chelsea_batch, package_file
 from tests.live_server import LiveServer, start_server
 

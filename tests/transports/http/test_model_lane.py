@@ -1,5 +1,5 @@
 """The model lane: a model's infer, classify and features paths parsed as the router's routes would match them, and
-answered below ASGI by the server's protocol (DirectLane) or through the app (ModelLane) as the route answers them;
+answered from the door's own connection (DirectLane) or through the app (ModelLane) as the route answers them;
 what the lane does not take reaches the router."""
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import orjson
 import pytest
 from starlette.requests import Request
 from starlette.responses import Response
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from layerserve.transports.http import model_lane
-from layerserve.transports.http.direct_lane import DirectLane, LaneCall
-from layerserve.transports.http.model_lane import model_route
-from layerserve.transports.http.server import HttpProtocol
+from layerserve.transports.http import lane
+from layerserve.transports.http.cycle import RequestCycle
+from layerserve.transports.http.lane import DirectLane, LaneTarget, model_route
+from layerserve.transports.http.protocol import HttpProtocol
 from tests.live_server import LiveServer, metric_sample
 
 
@@ -111,7 +110,7 @@ def test_pipelined_lane_and_router_requests_are_answered_in_order_on_one_connect
         _request("POST", "/v2/models/mlp/versions/1/infer", body),
     ]
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"".join(requests))  # all four in one write: uvicorn queues the later ones
+        sock.sendall(b"".join(requests))  # all four in one write: the connection queues the later ones
         answers = _read_answers(sock, 4)
         sock.sendall(requests[0])  # the connection stays usable
         answers += _read_answers(sock, 1)
@@ -128,9 +127,9 @@ def test_an_answer_the_client_accepts_compressed_goes_through_the_app_and_equals
     served_below_asgi = []
     serve = DirectLane.serve
 
-    async def counting_serve(self: DirectLane, call: LaneCall, *target: Any) -> None:
-        served_below_asgi.append(call.cycle.scope["path"])
-        await serve(self, call, *target)
+    async def counting_serve(self: DirectLane, cycle: RequestCycle, target: LaneTarget) -> None:
+        served_below_asgi.append(cycle.scope["path"])
+        await serve(self, cycle, target)
 
     monkeypatch.setattr(DirectLane, "serve", counting_serve)
     body = _infer_json(200)  # an answer over compress_min_bytes
@@ -151,7 +150,7 @@ def test_an_unexpected_error_in_a_lane_route_is_a_500_with_an_id_and_the_connect
     async def broken(request: Request) -> Response:
         raise RuntimeError("a bug")
 
-    monkeypatch.setitem(model_lane._ENDPOINTS, "infer", broken)
+    monkeypatch.setitem(lane._ENDPOINTS, "infer", (broken, "v2.infer"))
     with httpx.Client(base_url=server.url) as client:
         failed = client.post("/v2/models/mlp/infer", content=_infer_json(1))
         assert failed.status_code == 500 and failed.json()["error"].startswith("internal error ")
@@ -164,19 +163,19 @@ def test_a_body_read_in_one_piece_reaches_the_route_as_that_piece(
 ) -> None:
     pieces: list[bytes] = []  # what the protocol read, kept alive so that identities stay unique
     bodies: list[bytes] = []  # what the route received
-    on_body, receive = HttpProtocol.on_body, RequestResponseCycle.receive
+    on_body, receive = HttpProtocol.on_body, RequestCycle.receive
 
     def recording_on_body(self: HttpProtocol, body: bytes) -> None:
         pieces.append(body)
         on_body(self, body)
 
-    async def recording_receive(self: RequestResponseCycle) -> Any:
+    async def recording_receive(self: RequestCycle) -> Any:
         message = await receive(self)
         bodies.append(message["body"])
         return message
 
     monkeypatch.setattr(HttpProtocol, "on_body", recording_on_body)
-    monkeypatch.setattr(RequestResponseCycle, "receive", recording_receive)
+    monkeypatch.setattr(RequestCycle, "receive", recording_receive)
     body = _infer_json(3)
     host, port = server.host_port.split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -184,7 +183,7 @@ def test_a_body_read_in_one_piece_reaches_the_route_as_that_piece(
         ((status, answer),) = _read_answers(sock, 1)
     assert status == 200, answer
     assert len(pieces) == 1 and pieces[0] == body
-    assert len(bodies) == 1 and bodies[0] is pieces[0]  # not copied on its way (uvicorn copies it twice)
+    assert len(bodies) == 1 and bodies[0] is pieces[0]  # not copied on its way (uvicorn copied it twice)
 
 
 def test_a_request_answered_before_its_whole_body_came_leaves_the_connection_usable(server: LiveServer) -> None:
@@ -206,18 +205,18 @@ def test_a_large_body_of_announced_length_reaches_the_route_whole_and_is_answere
     server: LiveServer, repository: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     messages: list[tuple[int, bool]] = []  # (body bytes, more_body) of each message a lane route received
-    receive = RequestResponseCycle.receive
+    receive = RequestCycle.receive
 
-    async def recording_receive(self: RequestResponseCycle) -> Any:
+    async def recording_receive(self: RequestCycle) -> Any:
         message = await receive(self)
         messages.append((len(message.get("body", b"")), message.get("more_body", False)))
         return message
 
-    monkeypatch.setattr(RequestResponseCycle, "receive", recording_receive)
+    monkeypatch.setattr(RequestCycle, "receive", recording_receive)
     x = np.random.default_rng(7).normal(size=(20_000, 10)).astype(np.float32)
     body = orjson.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1)}]},
                         option=orjson.OPT_SERIALIZE_NUMPY)  # fmt: skip
-    assert len(body) > 1 << 20  # 16 times what uvicorn reads before it pauses a connection for the app
+    assert len(body) > 1 << 20  # 16 times what a connection reads before it pauses for the app
     host, port = server.host_port.split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         request = _request("POST", "/v2/models/mlp/versions/2/infer", body)
@@ -231,7 +230,7 @@ def test_a_large_body_of_announced_length_reaches_the_route_whole_and_is_answere
     expected = keras.models.load_model(repository / "mlp" / "2" / "model.keras")(x).numpy()
     np.testing.assert_allclose(np.asarray(output["data"]).reshape(output["shape"]), expected, atol=1e-5)
 
-    def chunks() -> Any:  # no announced length: read as uvicorn reads it, in messages as it arrives
+    def chunks() -> Any:  # no announced length: read in messages as it arrives
         for start in range(0, len(body), 64 << 10):
             yield body[start : start + (64 << 10)]
 

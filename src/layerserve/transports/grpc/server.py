@@ -1,10 +1,11 @@
-"""GrpcDoor: the gRPC server of one worker (GRPCInferenceService, the standard health service, reflection) on
+"""GrpcDoor: the gRPC server of one process (GRPCInferenceService, the standard health service, reflection) on
 HTTP/2 parsed by zttp (connection.py), hosting the handlers grpcio's registration functions make."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,9 +15,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from layerserve.settings import Settings
-from layerserve.transports.grpc.calls import CallGuard
 from layerserve.transports.grpc.connection import GrpcConnection
-from layerserve.transports.grpc.servicer import InferenceServicer, ServingState
+from layerserve.transports.grpc.servicer import InferenceServicer
 from layerserve.transports.ports import address
 
 log = logging.getLogger(__name__)
@@ -41,16 +41,12 @@ class MethodTable:
 
 
 class GrpcDoor:
-    """The gRPC server on `grpc_port`. Several workers bind the same port (SO_REUSEPORT) and the kernel spreads
-    connections across them; a single worker binds it alone, so that a second server started on the same port
-    fails to start instead of sharing it."""
+    """The gRPC server on `grpc_port`, or on the socket the workers of one server share."""
 
-    def __init__(self, settings: Settings, state: ServingState, settled: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, settings: Settings, servicer: InferenceServicer, settled: Callable[[], Awaitable[None]]) -> None:
         self._settings = settings
         self._settled = settled
         table = MethodTable()
-        guard = CallGuard(settings.admin_token, settings.api_token, settings.access_log)
-        servicer = InferenceServicer(state, guard)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, table)
         # ModelInfer takes the message's bytes: a request seen before skips the protobuf parse (InferTemplates).
         table.handlers[f"/{SERVICE_NAME}/ModelInfer".encode()] = grpc.unary_unary_rpc_method_handler(
@@ -65,8 +61,14 @@ class GrpcDoor:
         self._server: asyncio.Server | None = None
         self._serving: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Listen on `host:grpc_port`; the health service says SERVING once the models have settled.
+    @property
+    def handlers(self) -> dict[bytes, Any]:
+        """The method handlers by path (`/package.Service/Method`): GRPCInferenceService, health, reflection."""
+        return self._handlers
+
+    async def start(self, sockets: list[socket.socket] | None = None) -> None:
+        """Listen on `sockets` (bound already: several workers share them), else on `host:grpc_port`; the health
+        service says SERVING once the models have settled.
 
         Raises:
             RuntimeError: the port cannot be bound (the app then fails to start).
@@ -76,13 +78,15 @@ class GrpcDoor:
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         loop = asyncio.get_running_loop()
+
+        def connection() -> GrpcConnection:
+            return GrpcConnection(self._handlers, settings.max_body_bytes, self._connections)
+
         try:
-            self._server = await loop.create_server(
-                lambda: GrpcConnection(self._handlers, settings.max_body_bytes, self._connections),
-                settings.host,
-                settings.grpc_port,
-                reuse_port=settings.workers > 1,
-            )
+            if sockets is not None:
+                self._server = await loop.create_server(connection, sock=sockets[0])
+            else:
+                self._server = await loop.create_server(connection, settings.host, settings.grpc_port)
         except OSError as error:
             raise RuntimeError(f"Failed to bind the gRPC port {where}: {error.strerror or error}") from error
         self._serving = asyncio.create_task(self._serve_when_settled())

@@ -10,13 +10,14 @@ from typing import Any
 import orjson
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
-from layerserve.errors import BadRequestError, LayerserveError, PayloadTooLargeError, UnsupportedMediaTypeError
+from layerserve.errors import BadRequestError, ClientClosedError, PayloadTooLargeError, UnsupportedMediaTypeError
 from layerserve.features.images import IMAGE_MEDIA_TYPES
 from layerserve.protocols.v2 import load_json_object
-from layerserve.transports.http.middleware import header_value, log_internal_error
+from layerserve.transports.http.cycle import header_value
+from layerserve.transports.policy import Refusal
 
 _MAX_FORM_FILES = 256
 NPY_MEDIA_TYPE = "application/x-npy"
@@ -30,6 +31,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         PayloadTooLargeError: the body (or its announced length, or its decompressed size) exceeds the limit.
         BadRequestError: the Content-Length header is not an integer, or the compressed data is corrupt.
         UnsupportedMediaTypeError: another Content-Encoding.
+        ClientClosedError: the client went away before the whole body came.
     """
     # The scope's own header list (header_value), not Starlette's Headers (built per request, a few microseconds).
     length, coding = header_value(request.scope, b"content-length"), header_value(request.scope, b"content-encoding")
@@ -84,7 +86,7 @@ async def _read_raw(request: Request, announced: str | None, limit: int) -> byte
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
+            raise ClientClosedError("the client went away before the whole body came")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -185,10 +187,13 @@ async def read_texts(request: Request, limit: int) -> list[str]:
     return texts
 
 
-def error_response(request: Request, error: LayerserveError) -> Response:
-    """Our error as its answer: `{"error": message}` with its status (503 with Retry-After); one of the 500 class
-    is a bug, logged once under an id and answered with that id."""
-    if error.status_code == 500:  # ours, but not the client's fault: a bug, answered like any other
-        return JSONResponse({"error": log_internal_error(request.scope, error)}, status_code=500)
-    headers = {"Retry-After": "1"} if error.status_code == 503 else None
-    return JSONResponse({"error": error.message}, status_code=error.status_code, headers=headers)
+def refusal_answer(refusal: Refusal) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of a refused request: `{"error": message}`, with the Bearer challenge for a 401 and
+    Retry-After for a 503."""
+    body = orjson.dumps({"error": refusal.message})
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if refusal.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="layerserve"'))
+    elif refusal.status == 503:
+        headers.append((b"retry-after", b"1"))
+    return headers, body

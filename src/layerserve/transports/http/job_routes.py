@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from layerserve.errors import BadRequestError
-from layerserve.lifecycle.reloader import check_model_name
+from layerserve.lifecycle.repository import check_model_name
 from layerserve.protocols.v2 import load_json_object
 from layerserve.settings import Settings
 from layerserve.training.datasets import format_of, parse_dataset, resolve_data_path

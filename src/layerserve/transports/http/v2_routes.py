@@ -9,7 +9,7 @@ from starlette.routing import Route
 from layerserve import __version__
 from layerserve.protocols import triton, v2
 from layerserve.transports.http.bodies import JSONResponse, read_body
-from layerserve.transports.http.middleware import header_value
+from layerserve.transports.http.cycle import header_value
 from layerserve.transports.http.services import services
 
 _HEADER_LENGTH = v2.HEADER_LENGTH.encode()

@@ -8,11 +8,10 @@ from typing import Any
 
 from layerserve.settings import Settings
 from layerserve.transports.ray.board import BOARD_NAME, Board
-from layerserve.transports.ray.options import RayOptions
+from layerserve.transports.ray.options import DEPLOYMENT_NAME, RayOptions
 
 log = logging.getLogger(__name__)
 
-DEPLOYMENT_NAME = "layerserve"
 __all__ = ["DEPLOYMENT_NAME", "RayOptions", "build_app"]
 
 
@@ -25,15 +24,14 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
     """The Ray Serve application (`serve.run(build_app(settings))`): the ingress deployment's replicas serve
     every model of `settings.model_repository` that is in no group, with the whole HTTP API and, through Ray
     Serve's gRPC proxy, GRPCInferenceService (see build_replica, grpc_ingress.py), and on `direct_port` too
-    when set (direct_door.py); each group's deployment serves its models, the ingress handing it their requests
-    (group_router.py); a board keeps them in step.
+    when set (served by each replica itself); each group's deployment serves its models, the ingress handing it
+    their requests (group_router.py); a board keeps them in step.
 
     The repository must be a path every node sees (shared storage); each replica loads its models itself.
     """
     from ray import serve
 
     from layerserve.transports.grpc.servicer import InferenceServicer
-    from layerserve.transports.ray.direct_door import DirectDoor
     from layerserve.transports.ray.group_replica import GroupReplica
     from layerserve.transports.ray.group_router import GroupRouter
     from layerserve.transports.ray.grpc_ingress import GrpcMethods
@@ -61,10 +59,14 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
             self._servicer: InferenceServicer | None = None
 
         def __serve_build_asgi_app__(self) -> Any:  # runs in each replica, when it starts
-            replica = build_replica(ingress_json, self._board, groups=names, job_cpus=chosen.job_cpus)
-            self._servicer, self._grpc_identity = replica.grpc, replica.identity
-            app = GroupRouter(replica.app, chosen, self._grpc_groups[1]) if chosen.groups else replica.app
-            return DirectDoor(app, settings, chosen.direct_port) if chosen.direct_port else app
+            handles = self._grpc_groups[1]
+            route = (lambda app: GroupRouter(app, chosen, handles)) if chosen.groups else None
+            server, self._grpc_identity = build_replica(
+                ingress_json, self._board, groups=names, job_cpus=chosen.job_cpus, wrap_app=route,
+                direct_port=chosen.direct_port or 0,
+            )  # fmt: skip
+            self._servicer = server.servicer
+            return server.app
 
         def _grpc_servicer(self) -> InferenceServicer:
             assert self._servicer is not None, "the replica has not started"

@@ -16,17 +16,19 @@ class GroupReplica:
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async constructor
         self, board: Any, settings_json: str, group: str, groups: tuple[str, ...], job_cpus: float
     ) -> None:
-        self._replica = build_replica(settings_json, board, group=group, groups=groups, job_cpus=job_cpus)
-        self._lifespan = Lifespan(self._replica.app)
+        self._server, self._identity = build_replica(
+            settings_json, board, group=group, groups=groups, job_cpus=job_cpus
+        )
+        self._lifespan = Lifespan(self._server.app)
         await self._lifespan.start()
 
     async def handle_http(self, request: PlainRequest) -> PlainResponse:
         """Answer one HTTP request the ingress received."""
-        return await call_app(self._replica.app, request)
+        return await call_app(self._server.app, request)
 
     async def handle_grpc(self, name: str, request: Any, metadata: Any) -> Any:
         """Run one RPC the ingress received: (answer or None, status or None, details, this replica)."""
-        return await run_captured(self._replica.grpc, name, request, metadata, self._replica.identity)
+        return await run_captured(self._server.servicer, name, request, metadata, self._identity)
 
     async def __del__(self) -> None:  # Ray Serve awaits it when it stops the replica
         await self._lifespan.stop()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
@@ -65,7 +65,7 @@ class RayContext:
         """None: Ray's proxy does not pass the call's deadline on (its own request timeout applies)."""
         return None
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
         """End the call with `code` and `details`.
 
         Raises:

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from layerserve.errors import ConfigError
 from layerserve.settings import describe_validation_error
 
+DEPLOYMENT_NAME = "layerserve"  # the ingress deployment's name; a group's is `layerserve-<group>`
+
 _GROUP_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _GROUP_FLAG = re.compile(r"(?P<models>[^:]+):(?P<replicas>\d+)(?::(?P<cpus>[0-9.]+))?")
 

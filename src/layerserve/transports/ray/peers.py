@@ -16,9 +16,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from layerserve.errors import LayerserveError, NotReadyError
+from layerserve.errors import LayerserveError, LoadFailedError, NotReadyError
 from layerserve.lifecycle.peers import ControlOp
-from layerserve.lifecycle.reloader import LoadFailedError
 from layerserve.transports.ray.metric_sum import collect_families, exposition
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
-"""DirectDoor without a cluster: two replicas' apps started as Ray Serve starts them (uvicorn's lifespan, as Ray
-does) share one direct port; their answers (the direct lane's and the app's) equal Keras and name the replica; a
-bad request is a 400 there too; a replica's shutdown closes its door and leaves the other's; a port held by
-another program fails the replica's start, saying so."""
+"""The direct port without a cluster: two replicas' servers started as Ray Serve starts them (their app's lifespan,
+run by uvicorn as Ray does) share one direct port; their answers (the lane's and the app's) equal Keras and name the
+replica; a bad request is a 400 there too; a replica's shutdown closes its door and leaves the other's; a port held
+by another program fails the replica's start, saying so."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -17,9 +18,10 @@ import pytest
 import uvicorn
 from uvicorn.lifespan.on import LifespanOn
 
+from layerserve.server import Server
 from layerserve.settings import Settings
-from layerserve.transports.ray.direct_door import DirectDoor
-from layerserve.transports.ray.replica import REPLICA_HEADER, Replica, build_replica
+from layerserve.transports.http.lane import DirectLane
+from layerserve.transports.ray.replica import REPLICA_HEADER, build_replica
 from tests.live_server import free_port
 from tests.models import load_reference
 
@@ -34,14 +36,14 @@ def mlp_settings(repository: Path, settings: Settings, tmp_path_factory: pytest.
 
 
 @asynccontextmanager
-async def replica_with_door(settings: Settings, identity: str, port: int) -> AsyncIterator[Replica]:
-    """A replica's app behind its door, its lifespan run as Ray Serve runs it; shut down on leaving."""
-    replica = build_replica(settings.model_dump_json(), identity=identity)
-    lifespan = LifespanOn(uvicorn.Config(DirectDoor(replica.app, settings, port), lifespan="on", log_config=None))
+async def replica_with_door(settings: Settings, identity: str, port: int) -> AsyncIterator[Server]:
+    """A replica's server with its direct port, its app's lifespan run as Ray Serve runs it; shut down on leaving."""
+    server, _ = build_replica(settings.model_dump_json(), identity=identity, direct_port=port)
+    lifespan = LifespanOn(uvicorn.Config(server.app, lifespan="on", log_config=None))
     await lifespan.startup()
     try:
         assert not lifespan.startup_failed, "the replica's startup failed"  # Ray Serve fails such a replica
-        yield replica
+        yield server
     finally:
         await lifespan.shutdown()
 
@@ -50,7 +52,17 @@ def _infer_body(x: np.ndarray) -> dict[str, object]:
     return {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
 
 
-async def test_replicas_share_the_direct_port_and_answer_as_keras(mlp_settings: Settings, repository: Path) -> None:
+async def test_replicas_share_the_direct_port_and_answer_as_keras(
+    mlp_settings: Settings, repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lane_answers: list[str] = []  # the paths the lane answered, below the app
+    serve = DirectLane.serve
+
+    async def counting(self: DirectLane, cycle: Any, target: Any) -> None:
+        lane_answers.append(cycle.scope["path"])
+        await serve(self, cycle, target)
+
+    monkeypatch.setattr(DirectLane, "serve", counting)
     mlp = load_reference(repository, "mlp", 2)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -76,8 +88,8 @@ async def test_replicas_share_the_direct_port_and_answer_as_keras(mlp_settings: 
                 assert bad.status_code == 400 and "shape" in bad.json()["error"], bad.text
                 assert bad.headers[REPLICA_HEADER] in ("node-a/one", "node-a/two")
         assert seen == {"node-a/one", "node-a/two"}
-        for replica in (one, two):  # the door's server took the infers below ASGI, on each replica's lane
-            assert replica.app.state.direct_lane._routes  # type: ignore[attr-defined]
+        assert lane_answers.count("/v2/models/mlp/infer") == 48  # every infer on the replicas' lanes
+        assert one.http.state.total_requests and two.http.state.total_requests
         async with replica_with_door(mlp_settings, "node-a/three", port):
             pass  # started and stopped beside the others: their door stays open
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
