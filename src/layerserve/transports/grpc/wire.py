@@ -4,7 +4,6 @@ and metadata (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md).""
 from __future__ import annotations
 
 import base64
-import struct
 import zlib
 from urllib.parse import quote
 
@@ -41,16 +40,6 @@ class CallError(Exception):
         super().__init__(details)
         self.code = code
         self.details = details
-
-
-def receive_windows(max_message_bytes: int) -> bytes:
-    """A SETTINGS frame (INITIAL_WINDOW_SIZE) and a connection WINDOW_UPDATE that let a client send a whole
-    message of up to `max_message_bytes` without waiting for window updates (HTTP/2's 64 KiB default took a
-    round trip per 32 KiB of an image model's request)."""
-    window = min(2**31 - 1, max(65_535, max_message_bytes + PREFIX_BYTES))
-    settings = struct.pack(">IBI", 6 << 8 | 0x4, 0, 0) + struct.pack(">HI", 0x4, window)
-    update = struct.pack(">IBI", 4 << 8 | 0x8, 0, 0) + struct.pack(">I", window - 65_535) if window > 65_535 else b""
-    return settings + update
 
 
 def frame(message: bytes) -> bytes:
