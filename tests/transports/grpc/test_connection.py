@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import grpc
+import zttp
 
 from layerserve.bench.h2_client import GoingAwayError, H2Connection
 from layerserve.transports.grpc import wire
@@ -52,7 +53,7 @@ def test_a_whole_message_fits_the_announced_window_and_big_answers_flow() -> Non
             message = bytes(range(256)) * 4096  # 1 MiB each way
             assert await client.call(wire.frame(message)) == 0
             # zttp's 64 KiB default was raised for the whole message (and zttp took the extra SETTINGS ACK).
-            assert client._initial_window >= len(message) + wire.PREFIX_BYTES
+            assert client.settings[zttp.H2Settings.INITIAL_WINDOW_SIZE] >= len(message) + wire.PREFIX_BYTES
             assert await client.call(wire.frame(b"again")) == 0  # the connection still serves
         finally:
             client.close()
