@@ -16,6 +16,9 @@ import zttp
 
 _REFUSED_STREAM = zttp.H2ErrorCode.REFUSED_STREAM
 _UNKNOWN = 2  # gRPC's UNKNOWN: an answer whose status could not be read
+# zttp 0.0.35 takes a large request in 64 KiB pieces for about a third of what one send_data of it costs
+# (a 588 KiB request: about 0.3 ms instead of 0.8-0.9 ms of the client's CPU).
+_PIECE_BYTES = 1 << 16
 
 
 class GoingAwayError(Exception):
@@ -106,7 +109,12 @@ class H2Connection(asyncio.Protocol):
         h2 = self._h2
         try:
             stream = h2.send_request(b"POST", self._path, b"2", self._headers)
-            stream.send_data(message)  # what the server's windows do not take yet waits in zttp
+            if len(message) <= _PIECE_BYTES:  # what the server's windows do not take yet waits in zttp
+                stream.send_data(message)
+            else:
+                view = memoryview(message)
+                for at in range(0, len(message), _PIECE_BYTES):
+                    stream.send_data(view[at : at + _PIECE_BYTES])
             stream.end_message()
         except zttp.LocalProtocolError as error:  # zttp opens no more streams on this connection
             raise ConnectionLostError(f"no new stream on this connection: {error}") from error
