@@ -1,9 +1,9 @@
 """`layerserve bench --protocol grpc`: the same closed loops as the HTTP load generator, over the gRPC door.
 
 Each closed loop has a connection of its own (as each HTTP loop does) and sends one ModelInferRequest, encoded
-and framed once, again and again over a minimal HTTP/2 client (h2_client.py) on asyncio sockets, as the HTTP loops
-use raw sockets: grpc.aio's client took 2-3x the CPU of the HTTP client from the cores the server runs on. Answers
-are received whole and their grpc-status read, but not decoded, as the HTTP loops do.
+and framed once, again and again over a minimal HTTP/2 client (h2_client.py: zttp's client connection on an asyncio
+protocol), as the HTTP loops use raw sockets: grpc.aio's client took 2-3x the CPU of the HTTP client from the cores
+the server runs on. Answers are received whole and their grpc-status read, but not decoded, as the HTTP loops do.
 """
 
 from __future__ import annotations
