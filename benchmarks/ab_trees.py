@@ -1,8 +1,8 @@
 """A change's effect on served speed: the tree before it and the checkout as it is now, served side by side and
 measured in turns.
 
-    .venv/bin/python benchmarks/ab_trees.py REF [--model token_classifier] [--workload tensor] [--concurrency 8]
-                                                [--slice-s 3] [--rounds 8] [--json PATH]
+    .venv/bin/python benchmarks/ab_trees.py REF [--model token_classifier] [--workload tensor [tensor-json ...]]
+                                                [--concurrency 8 [32 ...]] [--slice-s 3] [--rounds 8] [--json PATH]
 
 REF (a commit, branch or tag) is checked out into a temporary git worktree and served from there (its `src` first on
 PYTHONPATH, with this checkout's virtual environment); this checkout, uncommitted changes included, is served beside
@@ -51,11 +51,13 @@ def worktree(ref: str, target: Path) -> None:
         raise SystemExit(f"git worktree add failed: {added.stderr.strip()}")
 
 
-def slice_of_load(url: str, args: argparse.Namespace, image: Path | None) -> tuple[float, float | None]:
+def slice_of_load(
+    url: str, args: argparse.Namespace, workload: str, concurrency: int, image: Path | None
+) -> tuple[float, float | None]:
     """One slice of load on one server: its requests a second and the server's CPU microseconds per request."""
     options = BenchOptions(
-        url, args.model, args.workload, [args.concurrency], args.slice_s, image=image, use_cache=False,
-        text=TEXT if args.workload == "text" else "",
+        url, args.model, workload, [concurrency], args.slice_s, image=image, use_cache=False,
+        text=TEXT if workload == "text" else "",
     )  # fmt: skip
     (step,) = run_bench(options)["steps"]
     cpu = step["server_cpu_percent"]
@@ -69,13 +71,20 @@ def _grpc(port: int) -> tuple[str, str]:
 
 
 def render(result: dict[str, Any]) -> str:
-    """Each round's figures for both trees, then the medians."""
+    """Each workload and concurrency: the median of each tree's rounds, and the median of the rounds' ratios."""
     ref = result["parameters"]["ref"]
-    header = ["round", f"{ref} req/s", "now req/s", "now / ref", f"{ref} server us/request", "now server us/request"]
+    header = ["workload", "concurrency", f"{ref} req/s", "now req/s", "now / ref (median of rounds)", "range",
+              f"{ref} server us/request", "now server us/request"]  # fmt: skip
     rows: list[list[Any]] = []
-    for number, (before, after) in enumerate(zip(result["ref"], result["now"], strict=True), 1):
-        rows.append([number, before[0], after[0], after[0] / before[0], before[1] or "-", after[1] or "-"])
-    rows.append(["median", "", "", result["median_ratio"], "", ""])
+    for step in result["steps"]:
+        before, after = step["ref"], step["now"]
+        ratios = [a[0] / b[0] for b, a in zip(before, after, strict=True)]
+        cpu = [[r[1] for r in rounds if r[1] is not None] for rounds in (before, after)]
+        rows.append([
+            step["workload"], step["concurrency"], statistics.median(r[0] for r in before),
+            statistics.median(r[0] for r in after), step["median_ratio"], f"{min(ratios):.2f}-{max(ratios):.2f}",
+            statistics.median(cpu[0]) if cpu[0] else "-", statistics.median(cpu[1]) if cpu[1] else "-",
+        ])  # fmt: skip
     return table(header, rows)
 
 
@@ -84,8 +93,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ref", help="the commit, branch or tag to compare this checkout with")
     parser.add_argument("--model", default="token_classifier")
-    parser.add_argument("--workload", choices=WORKLOADS, default="tensor")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--workload", choices=WORKLOADS, nargs="+", default=["tensor"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8])
     parser.add_argument("--slice-s", type=float, default=3.0, help="seconds of load per slice")
     parser.add_argument("--rounds", type=int, default=8, help="rounds of one slice on each server")
     parser.add_argument("--port", type=int, default=8781, help="the REF server's port; now's is the next one")
@@ -96,22 +105,27 @@ def main() -> None:
     try:
         repository = work / "repo"
         build_demo_repository(repository)
-        if args.workload == "text":
+        if "text" in args.workload:
             text_model(repository)
-        image = sample_jpeg(work / "chelsea.jpg") if args.workload == "image" else None
+        image = sample_jpeg(work / "chelsea.jpg") if "image" in args.workload else None
         with contextlib.ExitStack() as servers:
             ref_server = demo_server(args.port, repository, *_grpc(args.port), source=work / "ref" / "src")
             ref_url, _ = servers.enter_context(ref_server)
             now_url, _ = servers.enter_context(demo_server(args.port + 1, repository, *_grpc(args.port + 1)))
-            figures: dict[str, list[tuple[float, float | None]]] = {"ref": [], "now": []}
-            for round_number in range(args.rounds):
-                order = [("ref", ref_url), ("now", now_url)]
-                for name, url in order if round_number % 2 == 0 else reversed(order):
-                    figures[name].append(slice_of_load(url, args, image))
+            steps = []
+            for workload in args.workload:
+                for concurrency in args.concurrency:
+                    figures: dict[str, list[tuple[float, float | None]]] = {"ref": [], "now": []}
+                    for round_number in range(args.rounds):
+                        order = [("ref", ref_url), ("now", now_url)]
+                        for name, url in order if round_number % 2 == 0 else reversed(order):
+                            figures[name].append(slice_of_load(url, args, workload, concurrency, image))
+                    ratios = [a[0] / b[0] for b, a in zip(figures["ref"], figures["now"], strict=True)]
+                    steps.append({"workload": workload, "concurrency": concurrency, **figures,
+                                  "median_ratio": statistics.median(ratios)})  # fmt: skip
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(work / "ref")], cwd=ROOT, check=False)
-    ratios = [after[0] / before[0] for before, after in zip(figures["ref"], figures["now"], strict=True)]
-    result = {"parameters": arguments(args), **figures, "median_ratio": statistics.median(ratios)}
+    result = {"parameters": arguments(args), "steps": steps}
     print(render(result))
     if args.json:
         write_result(args.json, result)
