@@ -74,15 +74,43 @@ Event = CallStarted | MessageReceived | RequestEnded | CallClosed | WindowOpened
 
 
 class _Stream:
-    """What the connection knows of one call's stream."""
+    """What the connection knows of one call's stream: the pieces of the request message being read (joined once, when
+    it is whole: a 600 KB message comes in about 40 DATA frames) and, once its prefix is in, its framed length."""
 
-    __slots__ = ("buffer", "encoding", "ended", "headers_sent")
+    __slots__ = ("encoding", "ended", "expected", "headers_sent", "pieces", "size")
 
     def __init__(self, encoding: bytes | None) -> None:
-        self.buffer = bytearray()
+        self.pieces: list[bytes] = []
+        self.size = 0  # the bytes in `pieces`
+        self.expected: int | None = None  # the message's length with its prefix, once the prefix is in
         self.encoding = encoding
         self.ended = False  # the request's last frame is in
         self.headers_sent = False
+
+    def take(self) -> tuple[int, bytes]:
+        """The whole message's compressed flag and bytes (less the prefix); what follows it stays."""
+        end, pieces = self.expected, self.pieces
+        assert end is not None
+        flag = pieces[0][0]
+        overflow = self.size - end
+        rest = b""
+        if overflow:
+            last = pieces[-1]
+            pieces[-1], rest = last[: len(last) - overflow], last[len(last) - overflow :]
+        if len(pieces) == 1:
+            message = pieces[0][wire.PREFIX_BYTES :]
+        else:
+            message = b"".join([pieces[0][wire.PREFIX_BYTES :], *pieces[1:]])
+        self.pieces, self.size, self.expected = ([rest] if rest else []), len(rest), None
+        return flag, message
+
+    def prefix(self) -> bytes | None:
+        """The message's 5-byte prefix, once it is in."""
+        if self.size < wire.PREFIX_BYTES:
+            return None
+        if len(self.pieces[0]) < wire.PREFIX_BYTES:
+            self.pieces = [b"".join(self.pieces)]
+        return self.pieces[0][: wire.PREFIX_BYTES]
 
 
 class GrpcHttp2:
@@ -170,36 +198,34 @@ class GrpcHttp2:
 
     def _received(self, stream_id: int, stream: _Stream, data: bytes, events: list[Event]) -> None:
         """Body bytes: each whole message out; one over the size limit ends the call."""
-        buffer = stream.buffer
-        buffer += data
-        while len(buffer) >= wire.PREFIX_BYTES:
-            size = int.from_bytes(buffer[1:5], "big")
-            limit = self.max_message_bytes
-            if size > limit:
-                self.end_call(stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED, wire.too_large(size, limit))
-                events.append(CallClosed(stream_id))
+        stream.pieces.append(data)
+        stream.size += len(data)
+        while True:
+            if stream.expected is None:
+                prefix = stream.prefix()
+                if prefix is None:
+                    return
+                size, limit = int.from_bytes(prefix[1:5], "big"), self.max_message_bytes
+                if size > limit:
+                    self.end_call(stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED, wire.too_large(size, limit))
+                    events.append(CallClosed(stream_id))
+                    return
+                stream.expected = wire.PREFIX_BYTES + size
+            if stream.size < stream.expected:
                 return
-            end = wire.PREFIX_BYTES + size
-            if len(buffer) < end:
-                return
-            try:
-                message = self._unframe(stream, bytes(buffer[:end]))
-            except wire.CallError as error:
-                self.end_call(stream_id, error.code, error.details)
-                events.append(CallClosed(stream_id))
-                return
-            del buffer[:end]
+            compressed, message = stream.take()
+            if compressed:
+                try:
+                    message = wire.decompress(message, stream.encoding, self.max_message_bytes)
+                except wire.CallError as error:
+                    self.end_call(stream_id, error.code, error.details)
+                    events.append(CallClosed(stream_id))
+                    return
             events.append(MessageReceived(stream_id, message))
-
-    def _unframe(self, stream: _Stream, framed: bytes) -> bytes:
-        message = framed[wire.PREFIX_BYTES :]
-        if framed[0]:
-            return wire.decompress(message, stream.encoding, self.max_message_bytes)
-        return message
 
     def _ended(self, stream_id: int, stream: _Stream, events: list[Event]) -> None:
         stream.ended = True
-        if stream.buffer:
+        if stream.size:
             self.end_call(stream_id, grpc.StatusCode.INTERNAL, "the request ended inside a message")
             events.append(CallClosed(stream_id))
             return
