@@ -16,7 +16,7 @@ class RequestRecorder:
 
     Between `start` and `record` a request is in flight: counted in a plain int of its door (one event loop's), which
     `sample_process` sums into `layerserve_requests_in_flight` when the metrics are read and every second, instead
-    of two locked gauge updates per request (docs/design.md).
+    of two locked gauge updates per request (docs/benchmarks.md, "Batching").
     """
 
     def __init__(self, log_requests: bool) -> None:
