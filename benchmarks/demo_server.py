@@ -34,17 +34,22 @@ def demo_server(
     process = subprocess.Popen(command, stderr=subprocess.DEVNULL, env=environment)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(3000):
-            try:
-                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
+        wait_ready(url)
         yield url, repository
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def wait_ready(url: str, attempts: int = 3000) -> None:
+    """Poll the server's readiness (a black box here) until it answers 200, or give up after `attempts` tries."""
+    for _ in range(attempts):
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
 
 
 def server_pid(port: int) -> int:

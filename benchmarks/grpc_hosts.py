@@ -22,12 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from demo_server import wait_ready
 from layerserve.bench.generator import BenchOptions, run_bench
 from layerserve.demo import build_demo_repository
 from results import arguments, load_parser, table, write_result
@@ -154,17 +154,6 @@ def flood(port: int, calls: int = 9_000, in_flight: int = 32) -> int:
     return failed
 
 
-def _ready(url: str) -> None:
-    for _ in range(3000):
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("the server did not get ready")
-
-
 def render(result: dict[str, Any]) -> str:
     """Each model, concurrency and host: req/s, latency, server CPU, and each gRPC host against REST."""
     header = ["model", "concurrency", "host", "req/s", "p50 ms", "p99 ms", "server CPU %", "server us/request",
@@ -204,7 +193,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{http_port}"
     rows: list[dict[str, Any]] = []
     try:
-        _ready(url)
+        wait_ready(url)
         for model in MODELS:
             for concurrency in args.concurrency:
                 measured = {}

@@ -123,6 +123,14 @@ def metric_sample(url: str, name: str, headers: dict[str, str] | None = None, **
     return total
 
 
+def is_running(pid: int) -> bool:
+    """Whether a process with this id exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
     """Poll a server state (a black box from here) until `check` holds; fail after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

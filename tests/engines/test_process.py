@@ -30,7 +30,7 @@ from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.errors import EngineProcessError, ModelLoadError
 from layerserve.lifecycle.model import file_digest, read_signature
 from layerserve.settings import Settings
-from tests.live_server import start_server
+from tests.live_server import is_running, start_server, wait_until
 from tests.models import build_mlp, build_multi, load_reference, save_model
 
 
@@ -54,14 +54,6 @@ def pool() -> Iterator[EngineProcessPool]:
 
 def _resident_bytes(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def is_running(pid: int) -> bool:
-    """Whether a process with this id exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_arrays_of_every_kind_cross_the_channel_unchanged() -> None:
@@ -356,10 +348,7 @@ def test_an_engine_process_exits_when_its_server_is_killed(multi_graph: tuple[ob
         assert child != server.pid and is_running(child)
         os.kill(server.pid, signal.SIGKILL)
         server.wait(timeout=10)
-    deadline = time.monotonic() + 15
-    while is_running(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not is_running(child), "the engine process outlived its server"
+    wait_until(lambda: not is_running(child), "the engine process ends with its server", 15)
 
 
 def test_an_unreadable_graph_is_a_load_error(

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.prepare import Preparer
+from tests.live_server import is_running, wait_until
 
 _SERVER = """
 import os, time
@@ -24,25 +24,14 @@ time.sleep(600)
 """
 
 
-def _is_running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_the_child_exits_when_its_server_is_killed() -> None:
     with subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True) as server:
         assert server.stdout is not None
         child = int(server.stdout.readline())
-        assert child != server.pid and _is_running(child)
+        assert child != server.pid and is_running(child)
         os.kill(server.pid, signal.SIGKILL)
         server.wait(timeout=10)
-    deadline = time.monotonic() + 15
-    while _is_running(child) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _is_running(child), "the preparer's child outlived the server"
+    wait_until(lambda: not is_running(child), "the preparer's child ends with its server", 15)
 
 
 def test_close_stops_a_busy_child_at_once_and_its_caller_gets_an_error() -> None:
@@ -63,7 +52,7 @@ def test_close_stops_a_busy_child_at_once_and_its_caller_gets_an_error() -> None
     preparer.close()
     caller.join(timeout=30)
     assert not caller.is_alive() and time.monotonic() - started < 15
-    assert not _is_running(child)
+    assert not is_running(child)
     assert len(errors) == 1 and isinstance(errors[0], ModelLoadError), errors
 
 
@@ -75,11 +64,8 @@ def test_a_jobs_error_is_raised_here_and_an_idle_child_stops() -> None:
             preparer._run(int, "not a number")  # the job's own error, as a call here would raise it
         assert any("preparer's child process" in note for note in raised.value.__notes__)
         child = preparer._run(os.getpid)  # the child serves on after a failed job
-        assert child != os.getpid() and _is_running(child)
-        deadline = time.monotonic() + 30
-        while _is_running(child) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _is_running(child), "the idle child was not stopped"
+        assert child != os.getpid() and is_running(child)
+        wait_until(lambda: not is_running(child), "the idle child stops", 30)
         assert preparer._run(os.getpid) not in (child, os.getpid())  # the next job starts a new one
     finally:
         preparer.close()

@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from layerserve.dataplane import VersionView
 from layerserve.server import Server
 from layerserve.transports.policy import GRPC_CODES
-from layerserve.transports.ray.grpc_ingress import GrpcMethods, RpcAbortedError
+from layerserve.transports.ray.grpc_ingress import CapturedCall, GrpcMethods, RpcAbortedError
 from layerserve.transports.ray.replica import build_replica
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, SLOW_ROWS
 from tests.live_server import LiveServer, free_port, metric_sample, wait_until
@@ -150,27 +150,6 @@ class GrpcDoor:
             call.cancel()
 
 
-class RayGrpcContext:
-    """What Ray Serve's gRPC proxy gives an ingress method (RayServegRPCContext): the metadata in, the code out."""
-
-    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
-        self._metadata = metadata
-        self.code: grpc.StatusCode | None = None
-        self.details = ""
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self.code = code
-
-    def set_details(self, details: str) -> None:
-        self.details = details
-
-    def set_trailing_metadata(self, metadata: Any) -> None:
-        """(The replica's name.)"""
-
-
 class Ingress(GrpcMethods):
     """A replica's ingress methods, as Ray Serve's deployment mixes them in."""
 
@@ -193,8 +172,10 @@ class RayGrpcIngress:
     closed_status: str = "CANCELLED"
     running: list[Future[Any]] = field(default_factory=list)
 
-    def _call(self, request: Any, token: str | None) -> tuple[Future[Any], RayGrpcContext]:
-        context = RayGrpcContext(() if token is None else (("authorization", token),))
+    def _call(self, request: Any, token: str | None) -> tuple[Future[Any], CapturedCall]:
+        # What Ray's gRPC proxy gives an ingress method (RayServegRPCContext): the metadata in, the status out, as
+        # the ingress's own stand-in for it gives them.
+        context = CapturedCall(() if token is None else (("authorization", token),))
         return asyncio.run_coroutine_threadsafe(self.ingress.ModelInfer(request, context), self.loop), context
 
     def infer(

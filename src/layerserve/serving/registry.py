@@ -18,7 +18,7 @@ from layerserve.settings import Settings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Lease", "ModelEntry", "ModelRegistry", "ModelVersion", "VersionState"]
+__all__ = ["ModelEntry", "ModelRegistry", "ModelVersion", "VersionState"]
 
 
 @dataclass
@@ -43,23 +43,6 @@ class ModelEntry:
         if pinned is not None and pinned.is_ready:
             return self.pinned
         return max((number for number, version in self.versions.items() if version.is_ready), default=None)
-
-
-class Lease:
-    """A request's hold on its version, as an async context manager (see ModelRegistry.lease); a plain class, as
-    every request takes one."""
-
-    __slots__ = ("_version",)
-
-    def __init__(self, version: ModelVersion) -> None:
-        self._version = version
-
-    async def __aenter__(self) -> ModelVersion:
-        self._version.hold()
-        return self._version
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self._version.release()
 
 
 class ModelRegistry:
@@ -123,7 +106,7 @@ class ModelRegistry:
         return label_version(self.entry(name).spec, label)
 
     def get(self, name: str, version: int | None = None) -> ModelVersion:
-        """The requested version (the active one when `version` is None), READY, not held (see `lease`).
+        """The requested version (the active one when `version` is None), READY, not held (see DataPlane.open).
 
         Raises:
             NotFoundError: unknown model or version.
@@ -135,17 +118,6 @@ class ModelRegistry:
             detail = f": {model_version.reason}" if model_version.reason else ""
             raise NotReadyError(f"model '{name}' version {model_version.version} is {model_version.state}{detail}")
         return model_version
-
-    def lease(self, name: str, version: int | None = None) -> Lease:
-        """The requested version (the active one when `version` is None), READY and held for the whole
-        `async with` block: a version swapped out meanwhile (during a cache lookup, an image decode, a queue) is
-        closed only after every lease on it ends. Every transport takes its versions through a lease.
-
-        Raises:
-            NotFoundError: unknown model or version.
-            NotReadyError: the version is loading or failed.
-        """
-        return Lease(self.get(name, version))
 
     def find(self, name: str, version: int | None = None) -> ModelVersion:
         """The requested version in any state (the active one, else the newest, when `version` is None).
