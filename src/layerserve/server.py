@@ -93,9 +93,11 @@ class Server:
         if self._doors_open:
             self._doors_open = False
             grace = self.settings.shutdown_timeout_s
+            log.info("stopping: no new connections; requests in flight have %g s to finish", grace)
             doors = [self.http.stop(grace), *([self.grpc.stop(grace)] if self.grpc is not None else [])]
             await asyncio.gather(*doors)
         await self.runtime.close()
+        log.info("stopped")
 
     async def serve(
         self, http_sockets: list[socket.socket] | None = None, grpc_sockets: list[socket.socket] | None = None

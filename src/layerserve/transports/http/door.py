@@ -65,8 +65,8 @@ class HttpDoor:
         else:
             settings = self._settings
             self._servers.append(await loop.create_server(connection, settings.host, settings.port, backlog=BACKLOG))
-        where = ", ".join(address(*sock.getsockname()[:2]) for s in self._servers for sock in s.sockets)
-        log.info("HTTP service on %s", where)
+        where = ", ".join(f"http://{address(*sock.getsockname()[:2])}" for s in self._servers for sock in s.sockets)
+        log.info("HTTP service on %s (the console at /)", where)
 
     def _tick(self) -> None:
         """Refresh the `date` header every answer begins with, once a second."""
