@@ -59,7 +59,7 @@ class Server:
         self.app = app if wrap_app is None else wrap_app(app)
         self.http = HttpDoor(self.app, self.policy, settings, answer_headers)
         self.servicer = InferenceServicer(
-            ServingState(runtime.data, runtime.control, lambda: runtime.is_ready, self.policy, settings.max_body_bytes)
+            ServingState(runtime.data, runtime.control, lambda: runtime.is_ready, self.policy)
         )
         self.grpc = GrpcDoor(settings, self.servicer, runtime.wait_settled) if settings.grpc_port else None
         self._settle_first = settle_first or board is not None

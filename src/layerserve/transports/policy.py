@@ -175,7 +175,7 @@ class RequestPolicy:
         recorder.start()
         started = time.perf_counter()
         try:
-            if exchange.access is not Access.PUBLIC and (self._admin is not None or self._api is not None):
+            if exchange.access is not Access.PUBLIC and self.needs_tokens:
                 refused = self.authorize(exchange.access, exchange.authorization, exchange.is_grpc)
                 if refused is not None:
                     exchange.status = refused.status

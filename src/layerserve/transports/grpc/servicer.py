@@ -31,14 +31,13 @@ Answer = TypeVar("Answer")
 
 @dataclass(frozen=True)
 class ServingState:
-    """What the RPCs use: the data and control planes, the server's readiness, the request policy and the largest
-    message (request or answer) in bytes."""
+    """What the RPCs use: the data and control planes, the server's readiness and the request policy (whose
+    `max_body_bytes` is also the largest message, request or answer)."""
 
     data: DataPlane
     control: ControlPlane
     is_ready: Callable[[], bool]
     policy: RequestPolicy
-    max_message_bytes: int
 
 
 def _parse(message: bytes) -> pb.ModelInferRequest:
@@ -167,7 +166,7 @@ class InferenceServicer:
         if timeout_ms != parsed.timeout_ms:
             parsed = dataclasses.replace(parsed, timeout_ms=timeout_ms)
         answer = await view.infer(parsed)
-        return grpc_v2.encode_model_infer(answer, self._state.max_message_bytes)
+        return grpc_v2.encode_model_infer(answer, self._policy.max_body_bytes)
 
     async def ModelStreamInfer(  # noqa: N802
         self, requests: AsyncIterator[pb.ModelInferRequest], context: CallContext

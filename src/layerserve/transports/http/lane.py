@@ -22,7 +22,7 @@ from layerserve.transports.http import image_routes, v2_routes
 from layerserve.transports.http.bodies import refusal_answer
 from layerserve.transports.http.compression import accepted_encoding
 from layerserve.transports.http.cycle import RequestCycle, header_value
-from layerserve.transports.policy import Access, Exchange, Refusal, RequestPolicy
+from layerserve.transports.policy import Exchange, Refusal, RequestPolicy, http_access
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 LaneTarget = tuple[Endpoint, dict[str, str], str]  # the route, its path parameters, its name in the metrics
@@ -107,7 +107,8 @@ class DirectLane:
         endpoint, params, route = target
         scope = cycle.scope
         authorization = header_value(scope, b"authorization") if self._policy.needs_tokens else None
-        exchange = Exchange(scope["method"], scope["path"], route, Access.API, authorization)
+        path = scope["path"]
+        exchange = Exchange(scope["method"], path, route, http_access(path), authorization)
         scope["app"], scope["path_params"], scope["endpoint"] = self._app, params, endpoint
         request = Request(scope, cycle.receive)
         answer = await self._policy.run(exchange, self._answer, exchange, cycle, endpoint, request)
