@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -46,7 +47,7 @@ class LiveServer:
     @property
     def host_port(self) -> str:
         """`127.0.0.1:PORT`, as tritonclient wants it."""
-        return self.url.removeprefix("http://")
+        return self.url.split("://", 1)[1]
 
     def stop(self) -> None:
         """Ask the server to stop and wait for its thread."""
@@ -54,10 +55,13 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
-def start_server(settings: Settings, ready_timeout_s: float = 180, grpc: bool = False) -> LiveServer:
+def start_server(
+    settings: Settings, ready_timeout_s: float = 180, grpc: bool = False, verify: ssl.SSLContext | None = None
+) -> LiveServer:
     """Start a Server(settings) with its doors on a thread of its own and return once /v2/health/ready answers 200.
 
-    With `grpc`, the gRPC door listens on a free port too; without, it is off (never the default 8001).
+    With `grpc`, the gRPC door listens on a free port too; without, it is off (never the default 8001). A server
+    with TLS settings is polled over https, trusting `verify`.
     """
     port, grpc_port = free_port(), free_port() if grpc else 0
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": port, "grpc_port": grpc_port})
@@ -70,12 +74,13 @@ def start_server(settings: Settings, ready_timeout_s: float = 180, grpc: bool = 
 
     thread = threading.Thread(target=serve, name=f"server-{port}", daemon=True)
     thread.start()
-    live = LiveServer(f"http://127.0.0.1:{port}", server, thread, loop, grpc_port)
+    scheme = "https" if settings.tls_cert_file else "http"
+    live = LiveServer(f"{scheme}://127.0.0.1:{port}", server, thread, loop, grpc_port)
     deadline = time.monotonic() + ready_timeout_s
     # A bounded wait on the real readiness endpoint: the server is a black box from here.
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{live.url}/v2/health/ready", timeout=5).status_code == 200:
+            if httpx.get(f"{live.url}/v2/health/ready", timeout=5, verify=verify or True).status_code == 200:
                 return live
         except httpx.TransportError:
             pass
@@ -97,19 +102,23 @@ def server_log(repository: Path) -> Path:
     return repository.parent / "server.log"
 
 
-def wait_process_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> list[int]:
-    """Poll until ready; the liveness answers seen while it was not ready (status codes)."""
+def wait_process_ready(
+    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240, verify: ssl.SSLContext | bool = True
+) -> list[int]:
+    """Poll until ready (an https `url` trusting `verify`); the liveness answers seen while it was not ready (status
+    codes)."""
     seen: list[int] = []
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text() if log.exists() else "no log"
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
-                return seen
-            seen.append(httpx.get(f"{url}/v2/health/live", timeout=5).status_code)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
+    with httpx.Client(verify=verify, timeout=5) as client:
+        while time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text() if log.exists() else "no log"
+            try:
+                if client.get(f"{url}/v2/health/ready").status_code == 200:
+                    return seen
+                seen.append(client.get(f"{url}/v2/health/live").status_code)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
     raise AssertionError("the server did not become ready")
 
 

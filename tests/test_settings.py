@@ -102,3 +102,20 @@ def test_the_settings_table_of_the_docs_is_generated_from_the_settings() -> None
     start = readme.index("<!-- settings table")
     table = readme[readme.index("\n", start) + 1 : readme.index("<!-- end of settings table -->")]
     assert table == settings_table(), "docs/cli.md's settings table drifted: paste layerserve.settings.settings_table()"
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"tls_cert_file": "server.crt"}, "'tls_cert_file' is set without 'tls_key_file'"),
+        ({"tls_key_file": "server.key"}, "'tls_key_file' is set without 'tls_cert_file'"),
+        ({"grpc_tls_cert_file": "grpc.crt"}, "'grpc_tls_cert_file' is set without 'grpc_tls_key_file'"),
+        ({"tls_client_ca_file": "ca.crt"}, "'tls_client_ca_file' (ca.crt) is set without 'tls_cert_file'"),
+        ({"grpc_tls_client_ca_file": "ca.crt"}, "'grpc_tls_client_ca_file' (ca.crt) is set without a certificate"),
+        ({"tls_min_version": "1.1"}, "tls_min_version"),
+    ],
+)
+def test_tls_settings_that_cannot_serve_are_refused_naming_them(values: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(values, environ={})
+    assert named in str(raised.value)

@@ -51,6 +51,7 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 def _serve(args: argparse.Namespace) -> int:
     from layerserve.gpu import apply_settings
     from layerserve.transports.ports import check_can_listen
+    from layerserve.transports.tls import check_tls
 
     settings = _settings(args, model_repository=args.repository)
     configure_logging(settings.log_level, settings.log_format, settings.log_file)
@@ -59,6 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
     apply_settings(settings)
     check_can_listen(settings.host, settings.port, "--port")
     check_can_listen(settings.host, settings.grpc_port, "--grpc-port (0: no gRPC service)")
+    check_tls(settings)
     if settings.workers > 1:
         from layerserve.workers import Supervisor
 

@@ -27,6 +27,7 @@ from layerserve.transports.http.door import HttpDoor
 from layerserve.transports.http.services import HttpServices
 from layerserve.transports.policy import RequestPolicy
 from layerserve.transports.ports import address, reuse_port_socket
+from layerserve.transports.tls import server_tls
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class Server:
         answer_headers: tuple[tuple[bytes, bytes], ...] = (), wrap_app: AppWrapper | None = None, direct_port: int = 0,
     ) -> None:  # fmt: skip
         self.settings = settings
+        http_tls = server_tls(settings, "http")  # first: wrong TLS files stop a server before it loads anything
+        grpc_tls = server_tls(settings, "grpc") if settings.grpc_port else None
         self.runtime = runtime = Runtime(settings, board, settle_first, peers, launcher)
         self.data, self.control = runtime.data, runtime.control
         self.policy = RequestPolicy(settings)
@@ -57,11 +60,11 @@ class Server:
         )  # fmt: skip
         app = create_app(services, self.policy, self._lifespan, answer_headers)
         self.app = app if wrap_app is None else wrap_app(app)
-        self.http = HttpDoor(self.app, self.policy, settings, answer_headers)
+        self.http = HttpDoor(self.app, self.policy, settings, answer_headers, http_tls)
         self.servicer = InferenceServicer(
             ServingState(runtime.data, runtime.control, lambda: runtime.is_ready, self.policy)
         )
-        self.grpc = GrpcDoor(settings, self.servicer, runtime.wait_settled) if settings.grpc_port else None
+        self.grpc = GrpcDoor(settings, self.servicer, runtime.wait_settled, grpc_tls) if settings.grpc_port else None
         self._settle_first = settle_first or board is not None
         self._direct_port = direct_port
         self._doors_open = False

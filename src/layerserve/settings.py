@@ -160,6 +160,26 @@ class Settings(BaseModel):
         None, description="Bearer token the management routes require (load, unload, apply, train, jobs)."
     )
     api_token: str | None = Field(None, description="Bearer token every route except health requires.")
+    tls_cert_file: Path | None = Field(
+        None,
+        description="PEM certificate chain of the server (with `tls_key_file`: both doors speak TLS; re-read when "
+        "the file changes).",
+    )
+    tls_key_file: Path | None = Field(None, description="PEM private key of `tls_cert_file`.")
+    tls_key_password: str | None = Field(None, description="Password of an encrypted `tls_key_file`.")
+    tls_client_ca_file: Path | None = Field(
+        None,
+        description="PEM CA certificates that sign the clients' certificates: mutual TLS (a client without a "
+        "certificate signed by one is refused at the handshake).",
+    )
+    tls_min_version: Literal["1.2", "1.3"] = Field("1.2", description="Oldest TLS version a client may use.")
+    grpc_tls_cert_file: Path | None = Field(
+        None, description="The gRPC door's own certificate chain, instead of `tls_cert_file` (with its key)."
+    )
+    grpc_tls_key_file: Path | None = Field(None, description="The private key of `grpc_tls_cert_file`.")
+    grpc_tls_client_ca_file: Path | None = Field(
+        None, description="The gRPC door's own client CA (mutual TLS on gRPC), instead of `tls_client_ca_file`."
+    )
     access_log: bool = Field(False, description="Log one line per request: route, model, version, status, latency.")
     log_format: Literal["text", "json"] = Field("text", description="text lines, or JSON lines.")
     log_file: Path | None = Field(
@@ -176,7 +196,10 @@ class Settings(BaseModel):
         0, ge=0, description="GPU memory each process may use per device, TensorFlow and ONNX Runtime (0: no limit)."
     )
 
-    @field_validator("model_repository", "engine_cache_dir", "jobs_dir", "data_dir", "log_file", mode="after")
+    @field_validator(
+        "model_repository", "engine_cache_dir", "jobs_dir", "data_dir", "log_file", "tls_cert_file", "tls_key_file",
+        "tls_client_ca_file", "grpc_tls_cert_file", "grpc_tls_key_file", "grpc_tls_client_ca_file", mode="after",
+    )  # fmt: skip
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -187,6 +210,26 @@ class Settings(BaseModel):
             raise ValueError(
                 f"'port' and 'grpc_port' are both {self.port}: the HTTP and gRPC services need a port each "
                 "(grpc_port 0 turns gRPC off)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        for prefix in ("tls", "grpc_tls"):
+            cert, key = getattr(self, f"{prefix}_cert_file"), getattr(self, f"{prefix}_key_file")
+            if (cert is None) != (key is None):
+                given, missing = (f"{prefix}_cert_file", f"{prefix}_key_file")[:: 1 if cert else -1]
+                raise ValueError(f"'{given}' is set without '{missing}': a certificate and its key go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError(
+                f"'tls_client_ca_file' ({self.tls_client_ca_file}) is set without 'tls_cert_file': mutual TLS needs "
+                "the server's own certificate and key"
+            )
+        grpc_cert = self.grpc_tls_cert_file or self.tls_cert_file
+        if self.grpc_tls_client_ca_file is not None and grpc_cert is None:
+            raise ValueError(
+                f"'grpc_tls_client_ca_file' ({self.grpc_tls_client_ca_file}) is set without a certificate for the "
+                "gRPC door ('grpc_tls_cert_file' or 'tls_cert_file')"
             )
         return self
 

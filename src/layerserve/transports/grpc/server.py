@@ -18,6 +18,7 @@ from layerserve.settings import Settings
 from layerserve.transports.grpc.connection import GrpcConnection
 from layerserve.transports.grpc.servicer import InferenceServicer
 from layerserve.transports.ports import address
+from layerserve.transports.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,12 @@ class MethodTable:
 class GrpcDoor:
     """The gRPC server on `grpc_port`, or on the socket the workers of one server share."""
 
-    def __init__(self, settings: Settings, servicer: InferenceServicer, settled: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, settings: Settings, servicer: InferenceServicer, settled: Callable[[], Awaitable[None]],
+        tls: ServerTls | None = None,
+    ) -> None:  # fmt: skip
         self._settings = settings
+        self._tls = tls
         self._settled = settled
         table = MethodTable()
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, table)
@@ -82,15 +87,18 @@ class GrpcDoor:
         def connection() -> GrpcConnection:
             return GrpcConnection(self._handlers, settings.max_body_bytes, self._connections)
 
+        options: dict[str, Any] = {}
+        if self._tls is not None:
+            options.update(ssl=self._tls.context, ssl_handshake_timeout=settings.header_timeout_s)
         try:
             if sockets is not None:
-                self._server = await loop.create_server(connection, sock=sockets[0])
+                self._server = await loop.create_server(connection, sock=sockets[0], **options)
             else:
-                self._server = await loop.create_server(connection, settings.host, settings.grpc_port)
+                self._server = await loop.create_server(connection, settings.host, settings.grpc_port, **options)
         except OSError as error:
             raise RuntimeError(f"Failed to bind the gRPC port {where}: {error.strerror or error}") from error
         self._serving = asyncio.create_task(self._serve_when_settled())
-        log.info("gRPC service on %s", where)
+        log.info("gRPC service on %s%s", where, " (TLS)" if self._tls else "")
 
     async def _serve_when_settled(self) -> None:
         await self._settled()

@@ -14,6 +14,7 @@ from layerserve.transports.http.lane import DirectLane
 from layerserve.transports.http.protocol import DoorState, HttpLimits, HttpProtocol
 from layerserve.transports.policy import RequestPolicy
 from layerserve.transports.ports import address
+from layerserve.transports.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,13 @@ class HttpDoor:
     it is given, or on `host:port`."""
 
     def __init__(
-        self, app: Any, policy: RequestPolicy, settings: Settings, answer_headers: tuple[tuple[bytes, bytes], ...] = ()
-    ) -> None:
+        self, app: Any, policy: RequestPolicy, settings: Settings, answer_headers: tuple[tuple[bytes, bytes], ...] = (),
+        tls: ServerTls | None = None,
+    ) -> None:  # fmt: skip
         lane = DirectLane(app, policy, bool(settings.compress_min_bytes), settings.serves_model, answer_headers)
         self._state = DoorState(app, lane, limits_of(settings))
         self._settings = settings
+        self._tls = tls
         self._servers: list[asyncio.Server] = []
         self._clock: asyncio.TimerHandle | None = None
 
@@ -58,14 +61,18 @@ class HttpDoor:
         def connection() -> HttpProtocol:
             return HttpProtocol(state, loop)
 
+        settings, tls = self._settings, self._tls
+        options: dict[str, Any] = {"backlog": BACKLOG}
+        if tls is not None:  # a client silent through the handshake is dropped as one silent through its head
+            options.update(ssl=tls.context, ssl_handshake_timeout=settings.header_timeout_s)
         self._tick()
         if sockets is not None:
             for sock in sockets:
-                self._servers.append(await loop.create_server(connection, sock=sock, backlog=BACKLOG))
+                self._servers.append(await loop.create_server(connection, sock=sock, **options))
         else:
-            settings = self._settings
-            self._servers.append(await loop.create_server(connection, settings.host, settings.port, backlog=BACKLOG))
-        where = ", ".join(f"http://{address(*sock.getsockname()[:2])}" for s in self._servers for sock in s.sockets)
+            self._servers.append(await loop.create_server(connection, settings.host, settings.port, **options))
+        scheme = "https" if tls else "http"
+        where = ", ".join(f"{scheme}://{address(*sock.getsockname()[:2])}" for s in self._servers for sock in s.sockets)
         log.info("HTTP service on %s (the console at /)", where)
 
     def _tick(self) -> None:
