@@ -17,6 +17,7 @@ import pytest
 from layerserve.settings import Settings
 from layerserve.transports.ray.replica import REPLICA_HEADER
 from tests.live_server import free_port
+from tests.tls_files import make_authority
 from tests.transports.ray.processes import ray_processes
 
 pytestmark = pytest.mark.slow
@@ -89,3 +90,45 @@ def test_replicas_a_local_ray_cannot_place_are_refused_with_what_to_change(repos
     while ray_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ray_processes() - before, "Ray processes outlived the refusal"
+
+
+def test_ray_serve_over_tls_on_proxy_and_direct_port(repository: Path, settings: Settings, tmp_path: Path) -> None:
+    authority = make_authority(tmp_path / "ca")
+    issued = authority.issue(tmp_path, "server")
+    small = tmp_path / "repo"
+    small.mkdir()
+    (small / "mlp").symlink_to(repository / "mlp")
+    before, port, direct_port = ray_processes(), free_port(), free_port()
+    tls = ["--tls-cert-file", str(issued.cert), "--tls-key-file", str(issued.key)]
+    command = [
+        sys.executable, "-m", "layerserve", "ray", "serve", str(small), "--address", "local", "--http-port",
+        str(port), "--replicas", "1", "--replica-cpus", "0.5", "--engine-cache-dir", str(settings.engine_cache_dir),
+        "--reload-interval-s", "0", "--direct-port", str(direct_port), *tls,
+    ]  # fmt: skip
+    refused = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)  # gRPC on by default
+    assert refused.returncode == 2 and "Ray Serve's gRPC proxy speaks no TLS" in refused.stderr, refused.stderr
+    mutual = ["--tls-client-ca-file", str(authority.cert_file)]
+    refused = subprocess.run([*command, "--grpc-port", "0", *mutual], check=False, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert refused.returncode == 2 and "no mutual TLS there" in refused.stderr, refused.stderr
+    x = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": list(range(10))}]}
+    with subprocess.Popen([*command, "--grpc-port", "0"], stdout=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline()  # printed once every model is ready
+            assert f"https://127.0.0.1:{port}" in line and f"direct https://127.0.0.1:{direct_port}" in line, line
+            with httpx.Client(verify=authority.client_context(), timeout=30) as client:
+                proxied = client.post(f"https://127.0.0.1:{port}/v2/models/mlp/infer", json=x)
+                direct = client.post(f"https://127.0.0.1:{direct_port}/v2/models/mlp/infer", json=x)
+            assert proxied.status_code == 200 and direct.json()["outputs"] == proxied.json()["outputs"], direct.text
+            with pytest.raises(httpx.TransportError):
+                httpx.get(f"http://127.0.0.1:{direct_port}/v2/health/live", timeout=30)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0
+        except BaseException:
+            process.kill()
+            raise
+    deadline = time.monotonic() + 30
+    while ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes() - before, "Ray processes outlived `layerserve ray serve`"

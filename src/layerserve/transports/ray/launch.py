@@ -15,6 +15,7 @@ from layerserve.settings import Settings
 from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
 from layerserve.transports.ray.grpc_ingress import SERVICER_FUNCTION
 from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
+from layerserve.transports.tls import check_tls, door_tls
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,8 @@ def wait_ready(url: str, timeout_s: float) -> None:
             raise NotReadyError(f"the Ray Serve application failed to deploy: {application.message}")
         time.sleep(0.5)
     while time.monotonic() < deadline:
-        try:
-            response = httpx.get(f"{url}/v2/health/ready", timeout=5)
+        try:  # its own proxy, on this machine: whatever name the certificate is for, no verification
+            response = httpx.get(f"{url}/v2/health/ready", timeout=5, verify=False)
             if response.status_code == 200:
                 return
             last = f"{response.status_code} {response.text[:200]}"
@@ -70,6 +71,31 @@ def _check_placement(options: RayOptions, is_local: bool) -> None:
     log.warning("%s: the replicas wait until the cluster has the resources (or %s)", shortfall, advice)
 
 
+def proxy_tls(settings: Settings) -> dict[str, str]:
+    """Ray Serve's HTTP options for the TLS settings (checked now); none without TLS.
+
+    Raises:
+        ConfigError: TLS that Ray Serve's proxies cannot give: mutual TLS (its HTTP proxy asks no client
+            certificate), TLS 1.3 only, or gRPC (its gRPC proxy speaks no TLS); or a TLS file that is wrong.
+    """
+    files = door_tls(settings, "http")
+    if files is None:
+        return {}
+    where = "the direct port (--direct-port) and `layerserve serve` do"
+    if files.client_ca is not None:
+        raise ConfigError(f"Ray Serve's HTTP proxy does not require client certificates: no mutual TLS there; {where}")
+    if files.min_version != "1.2":
+        raise ConfigError(f"Ray Serve's HTTP proxy cannot be limited to TLS {files.min_version}; {where}")
+    if settings.grpc_port:
+        raise ConfigError(
+            f"Ray Serve's gRPC proxy speaks no TLS: with TLS settings give --grpc-port 0 (gRPC off), or serve gRPC "
+            f"with `layerserve serve` (TLS on {settings.tls_cert_file})"
+        )
+    check_tls(settings)
+    password = {"ssl_keyfile_password": files.password} if files.password else {}
+    return {"ssl_certfile": str(files.cert), "ssl_keyfile": str(files.key), **password}
+
+
 def launch(settings: Settings, options: RayOptions, address: str, http_port: int, ready_timeout_s: float) -> int:
     """Deploy `settings.model_repository` on Ray Serve (see build_app) and wait until every model is ready.
 
@@ -79,6 +105,7 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
     import ray
     from ray import serve
 
+    tls = proxy_tls(settings)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
     is_local = address == "local"
     if is_local:
@@ -90,19 +117,19 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
     try:
         _check_placement(options, is_local)
         grpc = {"port": settings.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}  # Ray's gRPC proxy
-        serve.start(
-            http_options={"host": settings.host, "port": http_port}, grpc_options=grpc if settings.grpc_port else None
-        )
+        http = {"host": settings.host, "port": http_port, **tls}  # Ray's HTTP proxy
+        serve.start(http_options=http, grpc_options=grpc if settings.grpc_port else None)
         serve.run(build_app(settings, options), name=DEPLOYMENT_NAME, route_prefix="/", blocking=False)
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-        wait_ready(f"http://{host}:{http_port}", ready_timeout_s)
-        log.info("serving %s on Ray Serve at http://%s:%d (%d replicas)", settings.model_repository, host,
+        scheme = "https" if tls else "http"
+        wait_ready(f"{scheme}://{host}:{http_port}", ready_timeout_s)
+        log.info("serving %s on Ray Serve at %s://%s:%d (%d replicas)", settings.model_repository, scheme, host,
                  http_port, options.replicas)  # fmt: skip
         doors = f", gRPC {host}:{settings.grpc_port}" if settings.grpc_port else ""
         if options.direct_port:
-            doors += f", direct http://{host}:{options.direct_port}"
+            doors += f", direct {scheme}://{host}:{options.direct_port}"
         groups = "".join(f", group {name}: {group.replicas}" for name, group in options.groups.items())
-        print(f"layerserve on Ray Serve: http://{host}:{http_port}{doors} ({options.replicas} replicas{groups})",
+        print(f"layerserve on Ray Serve: {scheme}://{host}:{http_port}{doors} ({options.replicas} replicas{groups})",
               flush=True)  # fmt: skip
         if not is_local:
             return 0
