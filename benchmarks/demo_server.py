@@ -32,7 +32,7 @@ def demo_server(
     command += ["--engine-cache-dir", str(work / "cache"), "--log-level", "warning", *flags]
     environment = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
     process = subprocess.Popen(command, stderr=subprocess.DEVNULL, env=environment)
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if '--tls-cert-file' in flags else 'http'}://127.0.0.1:{port}"  # https: trusted by SSL_CERT_FILE
     try:
         wait_ready(url)
         yield url, repository

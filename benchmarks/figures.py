@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     ),
     "small_model": Benchmark("small_model.py", ("--duration-s", "10"), ("--duration-s", "1")),
     "grpc_vs_rest": Benchmark("grpc_vs_rest.py", ("--duration-s", "10"), ("--duration-s", "1")),
+    "tls_cost": Benchmark("tls_cost.py", ("--duration-s", "10"), ("--duration-s", "1")),
     "feature_cache": Benchmark("feature_cache.py", ("--duration-s", "10"), ("--duration-s", "1")),
     "layers": Benchmark("layers.py", ("--duration-s", "10"), ("--duration-s", "1")),
     "reload_stall": Benchmark(

@@ -129,6 +129,8 @@ def _models(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from layerserve.bench.generator import BenchOptions, print_report, run_bench
 
+    if args.tls_ca_file is not None:  # for every client, its load-generating processes too
+        os.environ["SSL_CERT_FILE"] = str(args.tls_ca_file)
     options = BenchOptions(
         url=args.url.rstrip("/"), model=args.model, workload=args.workload, concurrency=args.concurrency,
         duration_s=args.duration_s, rows=args.rows, image=args.image, outputs=tuple(args.outputs),
@@ -255,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.set_defaults(run=_models)
 
     bench = commands.add_parser("bench", help="closed-loop load test of a running server")
-    bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8000 (https: both doors over TLS)")
     bench.add_argument("--model", required=True)
     bench.add_argument("--workload", default="tensor", choices=["tensor", "tensor-json", "image", "text"],
                        help="tensor: V2 binary; tensor-json: V2 JSON; image, text: /classify")  # fmt: skip
@@ -278,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--protocol", choices=["http", "grpc"], default="http",
                        help="REST (binary tensors), or the gRPC door (ModelInfer, own HTTP/2 client)")  # fmt: skip
     bench.add_argument("--grpc-port", type=int, default=8001, help="the gRPC port of the server at URL's host")
+    bench.add_argument("--tls-ca-file", type=Path, default=None,
+                       help="CA certificates an https server's certificate is checked against (default: the "
+                       "system's, or SSL_CERT_FILE's)")  # fmt: skip
     bench.set_defaults(run=_bench)
 
     train = commands.add_parser("train", help="train a text classifier version without a server")

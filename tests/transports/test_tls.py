@@ -306,3 +306,15 @@ def test_an_encrypted_key_serves_with_its_password(authority: Authority, tmp_pat
     files = door_tls(settings, "grpc")
     assert files is not None and files.alpn == ("h2",)
     assert build_context(files).minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_load_generator_speaks_tls_to_both_doors(
+    tls_server: LiveServer, authority: Authority, monkeypatch: pytest.MonkeyPatch, protocol: str
+) -> None:
+    from layerserve.bench.generator import BenchOptions, run_bench
+
+    monkeypatch.setenv("SSL_CERT_FILE", str(authority.cert_file))  # as `layerserve bench --tls-ca-file` sets it
+    options = BenchOptions(tls_server.url, "mlp", "tensor", [2], 0.5, protocol=protocol, grpc_port=tls_server.grpc_port)
+    step = run_bench(options)["steps"][0]
+    assert step["requests"] > 0 and not step["errors"], step  # errors: counts by status

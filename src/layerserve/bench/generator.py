@@ -9,6 +9,7 @@ import json
 import math
 import re
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +24,7 @@ import numpy as np
 import orjson
 
 from layerserve.bench.grpc_client import MODEL_INFER, build_grpc_request, grpc_client_process
-from layerserve.bench.loops import run_timed
+from layerserve.bench.loops import client_tls, run_timed
 from layerserve.engines.base import probe_batch
 from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.errors import BadRequestError
@@ -166,8 +167,10 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
-async def _connection(host: str, port: int, request: bytes, stop_at: float, out: list[tuple[float, int]]) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
+async def _connection(
+    host: str, port: int, request: bytes, stop_at: float, out: list[tuple[float, int]], tls: ssl.SSLContext | None
+) -> None:
+    reader, writer = await asyncio.open_connection(host, port, ssl=tls)
     try:
         while time.perf_counter() < stop_at:
             started = time.perf_counter()
@@ -177,21 +180,23 @@ async def _connection(host: str, port: int, request: bytes, stop_at: float, out:
             except (asyncio.IncompleteReadError, ConnectionError):
                 out.append((time.perf_counter() - started, 0))
                 writer.close()
-                reader, writer = await asyncio.open_connection(host, port)
+                reader, writer = await asyncio.open_connection(host, port, ssl=tls)
                 continue
             out.append((time.perf_counter() - started, status))
     finally:
         writer.close()
 
 
-def _client_process(args: tuple[str, int, bytes, int, float]) -> tuple[list[tuple[float, int]], float]:
-    """One load-generating process: `connections` closed loops for `seconds`; (latency, status)s and CPU s."""
-    host, port, request, connections, seconds = args
+def _client_process(args: tuple[str, int, bytes, int, float, bool]) -> tuple[list[tuple[float, int]], float]:
+    """One load-generating process: `connections` closed loops for `seconds` (over TLS with `tls`); (latency,
+    status)s and CPU s."""
+    host, port, request, connections, seconds, tls = args
     out: list[tuple[float, int]] = []
+    context = client_tls("http/1.1") if tls else None
 
     async def main() -> None:
         stop_at = time.perf_counter() + seconds
-        await asyncio.gather(*(_connection(host, port, request, stop_at, out) for _ in range(connections)))
+        await asyncio.gather(*(_connection(host, port, request, stop_at, out, context) for _ in range(connections)))
 
     cpu_seconds = run_timed(main)
     return out, cpu_seconds
@@ -232,7 +237,8 @@ def _run_slice(url: str, workload: Workload, concurrency: int, seconds: float, p
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     before = _process_metrics(url)
     started = time.perf_counter()
-    per_process = pool.map(client, [(host, port, request, n, seconds) for n in shares])
+    tls = address.scheme == "https"
+    per_process = pool.map(client, [(host, port, request, n, seconds, tls) for n in shares])
     elapsed = time.perf_counter() - started
     after = _process_metrics(url)
     # The slice lasts until its last answer: the requests sent before the stop are all counted, so dividing by the
@@ -336,8 +342,9 @@ def _taking_turns(
     host, port = address.hostname or "127.0.0.1", address.port or 80
     request = workload.raw_request(f"{host}:{port}")
     answered, calls = [], []
-    with socket.create_connection((host, port), timeout=60) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with socket.create_connection((host, port), timeout=60) as raw:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = client_tls("http/1.1").wrap_socket(raw, server_hostname=host) if address.scheme == "https" else raw
         reader = sock.makefile("rb")
         stop_at = time.perf_counter() + seconds
         while time.perf_counter() < stop_at:

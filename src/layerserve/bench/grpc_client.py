@@ -9,6 +9,7 @@ the server runs on. Answers are received whole and their grpc-status read, but n
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from layerserve.bench.h2_client import ConnectionLostError, GoingAwayError, H2Connection
-from layerserve.bench.loops import run_timed
+from layerserve.bench.loops import client_tls, run_timed
 from layerserve.engines.base import probe_batch
 from layerserve.errors import BadRequestError
 from layerserve.tensors import TensorSpec, datatype_of
@@ -65,8 +66,10 @@ def build_grpc_request(
     return serialized
 
 
-async def _loop(host: str, port: int, message: bytes, stop_at: float, out: list[tuple[float, int]]) -> None:
-    connection = await H2Connection.open(host, port, MODEL_INFER)
+async def _loop(
+    host: str, port: int, message: bytes, stop_at: float, out: list[tuple[float, int]], tls: ssl.SSLContext | None
+) -> None:
+    connection = await H2Connection.open(host, port, MODEL_INFER, tls)
     try:
         while time.perf_counter() < stop_at:
             started = time.perf_counter()
@@ -74,28 +77,29 @@ async def _loop(host: str, port: int, message: bytes, stop_at: float, out: list[
                 code = await connection.call(message)
             except GoingAwayError:  # not taken: sent again on a new connection, as gRPC clients do
                 connection.close()
-                connection = await H2Connection.open(host, port, MODEL_INFER)
+                connection = await H2Connection.open(host, port, MODEL_INFER, tls)
                 continue
             except (ConnectionLostError, ConnectionError, asyncio.IncompleteReadError):
                 out.append((time.perf_counter() - started, 0))
                 connection.close()
-                connection = await H2Connection.open(host, port, MODEL_INFER)
+                connection = await H2Connection.open(host, port, MODEL_INFER, tls)
                 continue
             out.append((time.perf_counter() - started, _OK if code == 0 else code))
     finally:
         connection.close()
 
 
-def grpc_client_process(args: tuple[str, int, bytes, int, float]) -> tuple[list[tuple[float, int]], float]:
-    """One load-generating process: `loops` closed loops for `seconds`; (latency, status)s and CPU seconds.
-    A status is 200 for an answer, else the gRPC status code's number."""
-    host, port, request, loops, seconds = args
+def grpc_client_process(args: tuple[str, int, bytes, int, float, bool]) -> tuple[list[tuple[float, int]], float]:
+    """One load-generating process: `loops` closed loops for `seconds` (over TLS with `tls`); (latency, status)s and
+    CPU seconds. A status is 200 for an answer, else the gRPC status code's number."""
+    host, port, request, loops, seconds, tls = args
     out: list[tuple[float, int]] = []
+    context = client_tls("h2") if tls else None
 
     async def main() -> None:
         stop_at = time.perf_counter() + seconds
         message = frame(request)
-        await asyncio.gather(*(_loop(host, port, message, stop_at, out) for _ in range(loops)))
+        await asyncio.gather(*(_loop(host, port, message, stop_at, out, context) for _ in range(loops)))
 
     cpu_seconds = run_timed(main)
     return out, cpu_seconds

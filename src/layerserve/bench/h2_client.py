@@ -10,6 +10,7 @@ do not check it on a cleartext connection (grpcio's and ours are tested in tests
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any, cast
 
 import zttp
@@ -57,10 +58,10 @@ class H2Connection(asyncio.Protocol):
         self.settings: dict[int, int] = {}  # the server's SETTINGS as read so far (zttp.H2Settings id -> value)
 
     @classmethod
-    async def open(cls, host: str, port: int, path: str) -> H2Connection:
-        """Connect and send the preface and our SETTINGS (zttp's)."""
+    async def open(cls, host: str, port: int, path: str, tls: ssl.SSLContext | None = None) -> H2Connection:
+        """Connect (over TLS with a `tls` context offering h2) and send the preface and our SETTINGS (zttp's)."""
         loop = asyncio.get_running_loop()
-        _, connection = await loop.create_connection(lambda: cls(f"{host}:{port}", path), host, port)
+        _, connection = await loop.create_connection(lambda: cls(f"{host}:{port}", path), host, port, ssl=tls)
         return connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
