@@ -8,8 +8,9 @@ import pytest
 
 from tests.hostile.harness import HostileServer
 from tests.models import build_mlp, save_model
+from tests.tls_files import make_authority
 
-TRANSPORTS = ["plaintext"]  # "tls" joins once the doors speak TLS
+TRANSPORTS = ["plaintext", "tls"]
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
@@ -18,6 +19,11 @@ def hostile_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     root = tmp_path_factory.mktemp(f"hostile-{request.param}")
     repository = root / "repository"
     save_model(build_mlp(1), repository / "mlp" / "1", "model.keras")
-    server = HostileServer(repository, root / "cache", None, [])
+    authority, flags = None, []
+    if request.param == "tls":
+        authority = make_authority(root / "ca")
+        issued = authority.issue(root, "server")
+        flags = ["--tls-cert-file", str(issued.cert), "--tls-key-file", str(issued.key)]
+    server = HostileServer(repository, root / "cache", authority, flags)
     yield server
     server.stop()
