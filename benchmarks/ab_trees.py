@@ -3,6 +3,7 @@ measured in turns.
 
     .venv/bin/python benchmarks/ab_trees.py REF [--model token_classifier] [--workload tensor [tensor-json ...]]
                                                 [--concurrency 8 [32 ...]] [--slice-s 3] [--rounds 8] [--json PATH]
+                                                [--protocol http|grpc]
 
 REF (a commit, branch or tag) is checked out into a temporary git worktree and served from there (its `src` first on
 PYTHONPATH, with this checkout's virtual environment); this checkout, uncommitted changes included, is served beside
@@ -10,8 +11,9 @@ it. Both serve one copy of the demo repository, with a text model of its own (`r
 it) for the `text` workload; the `image` workload sends scikit-image's chelsea as a JPEG (as `classify.py` does) to
 `/classify`. Then slices of `layerserve bench` load (feature cache bypassed) take turns on the two
 servers, the order alternating from round to round: this machine's speed drifts by up to 2x within minutes, so only
-slices measured side by side compare. Printed: each round's requests a second and server CPU per request for both,
-and the median of the rounds' ratios (now / REF). Run it on a quiet machine.
+slices measured side by side compare. With `--protocol grpc` the slices are gRPC ModelInfer calls to each server's
+gRPC door (its HTTP port + 100) instead of REST. Printed: each round's requests a second and server CPU per request
+for both, and the median of the rounds' ratios (now / REF). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def slice_of_load(
     url: str, args: argparse.Namespace, workload: str, concurrency: int, image: Path | None
 ) -> tuple[float, float | None]:
     """One slice of load on one server: its requests a second and the server's CPU microseconds per request."""
+    port = int(url.rsplit(":", 1)[1])
     options = BenchOptions(
         url, args.model, workload, [concurrency], args.slice_s, image=image, use_cache=False,
-        text=TEXT if workload == "text" else "",
+        text=TEXT if workload == "text" else "", protocol=args.protocol, grpc_port=int(_grpc(port)[1]),
     )  # fmt: skip
     (step,) = run_bench(options)["steps"]
     cpu = step["server_cpu_percent"]
@@ -73,15 +76,16 @@ def _grpc(port: int) -> tuple[str, str]:
 def render(result: dict[str, Any]) -> str:
     """Each workload and concurrency: the median of each tree's rounds, and the median of the rounds' ratios."""
     ref = result["parameters"]["ref"]
-    header = ["workload", "concurrency", f"{ref} req/s", "now req/s", "now / ref (median of rounds)", "range",
-              f"{ref} server us/request", "now server us/request"]  # fmt: skip
+    header = ["protocol", "workload", "concurrency", f"{ref} req/s", "now req/s", "now / ref (median of rounds)",
+              "range", f"{ref} server us/request", "now server us/request"]  # fmt: skip
+    protocol = result["parameters"].get("protocol", "http")
     rows: list[list[Any]] = []
     for step in result["steps"]:
         before, after = step["ref"], step["now"]
         ratios = [a[0] / b[0] for b, a in zip(before, after, strict=True)]
         cpu = [[r[1] for r in rounds if r[1] is not None] for rounds in (before, after)]
         rows.append([
-            step["workload"], step["concurrency"], statistics.median(r[0] for r in before),
+            protocol, step["workload"], step["concurrency"], statistics.median(r[0] for r in before),
             statistics.median(r[0] for r in after), step["median_ratio"], f"{min(ratios):.2f}-{max(ratios):.2f}",
             statistics.median(cpu[0]) if cpu[0] else "-", statistics.median(cpu[1]) if cpu[1] else "-",
         ])  # fmt: skip
@@ -98,6 +102,7 @@ def main() -> None:
     parser.add_argument("--slice-s", type=float, default=3.0, help="seconds of load per slice")
     parser.add_argument("--rounds", type=int, default=8, help="rounds of one slice on each server")
     parser.add_argument("--port", type=int, default=8781, help="the REF server's port; now's is the next one")
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http", help="REST, or the gRPC door")
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="layerserve-ab-"))
