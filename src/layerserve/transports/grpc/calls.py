@@ -30,6 +30,7 @@ _MAX_PARKED_BYTES = 256 << 10  # a streaming answer waits while more than this w
 # from REFUSE_* on, while its handler waits for the client's window, the call is refused.
 HOLD_MESSAGES, HOLD_BYTES = 32, 4 << 20
 REFUSE_MESSAGES, REFUSE_BYTES = 128, 16 << 20
+_IN_A_ROW = 8  # a streaming handler lets the loop turn after taking this many waiting messages
 Message = bytes | asyncio.Future[bytes]  # a compressed one is a future of its inflated bytes
 
 
@@ -235,7 +236,13 @@ class Call:
     async def _requests(self) -> AsyncIterator[Any]:
         messages = self._messages
         assert messages is not None
+        in_a_row = 0  # messages taken without waiting: a backlog of tiny ones must not hold the loop
         while True:
+            if messages.empty():
+                in_a_row = 0
+            elif (in_a_row := in_a_row + 1) == _IN_A_ROW:
+                in_a_row = 0
+                await asyncio.sleep(0)
             size, message = await messages.get()
             if message is _END:
                 return
