@@ -14,10 +14,12 @@ TRANSPORTS = ["plaintext"]  # "tls" joins once the doors speak TLS
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def hostile_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileServer]:
-    """A server over one small model (`mlp`), on a transport of `TRANSPORTS`."""
+    """A server over one small model (`mlp`), on a transport of `TRANSPORTS`, with the test module's
+    `SERVER_FLAGS` (a tuple of CLI flags), if it has them."""
     root = tmp_path_factory.mktemp(f"hostile-{request.param}")
     repository = root / "repository"
     save_model(build_mlp(1), repository / "mlp" / "1", "model.keras")
-    server = HostileServer(repository, root / "cache", None, [])
+    flags = list(getattr(request.module, "SERVER_FLAGS", ()))
+    server = HostileServer(repository, root / "cache", None, flags)
     yield server
     server.stop()
