@@ -155,7 +155,7 @@ class GrpcConnection(asyncio.Protocol):
                     self._window.set_result(None)
                 self._window = None
             elif kind is ConnectionEnded:
-                log.info("gRPC connection from %s closed: %s", self.peer, event.reason)  # type: ignore[union-attr]
+                log.debug("gRPC connection from %s closed: %s", self.peer, event.reason)  # type: ignore[union-attr]
                 self._flush()
                 self.close()
                 return
@@ -227,7 +227,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def refuse(self, call: Call) -> None:
         """Refuse a call whose client sends faster than it takes the answers (RST_STREAM ENHANCE_YOUR_CALM)."""
-        log.info("gRPC call on stream %d from %s refused: its client does not take its answers", call.stream_id,
+        log.debug("gRPC call on stream %d from %s refused: its client does not take its answers", call.stream_id,
                  self.peer)  # fmt: skip
         self.http2.refuse_call(call.stream_id)
         self._closed(call.stream_id)
