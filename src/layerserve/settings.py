@@ -156,6 +156,12 @@ class Settings(BaseModel):
     keep_alive_timeout_s: int = Field(
         75, ge=1, description="How long an idle kept-alive HTTP connection stays open (longer than clients' own)."
     )
+    grpc_idle_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="A gRPC connection without a call for this long (up to twice it) is sent GOAWAY and closed; one "
+        "without its HTTP/2 preface within 10 s (or this, if shorter) is closed.",
+    )
     admin_token: str | None = Field(
         None, description="Bearer token the management routes require (load, unload, apply, train, jobs)."
     )

@@ -15,15 +15,16 @@ TRANSPORTS = ["plaintext", "tls"]
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def hostile_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileServer]:
-    """A server over one small model (`mlp`), on a transport of `TRANSPORTS`."""
+    """A server over one small model (`mlp`), on a transport of `TRANSPORTS`, with the test module's
+    `SERVER_FLAGS` (a tuple of CLI flags), if it has them."""
     root = tmp_path_factory.mktemp(f"hostile-{request.param}")
     repository = root / "repository"
     save_model(build_mlp(1), repository / "mlp" / "1", "model.keras")
-    authority, flags = None, []
+    authority, flags = None, list(getattr(request.module, "SERVER_FLAGS", ()))
     if request.param == "tls":
         authority = make_authority(root / "ca")
         issued = authority.issue(root, "server")
-        flags = ["--tls-cert-file", str(issued.cert), "--tls-key-file", str(issued.key)]
+        flags += ["--tls-cert-file", str(issued.cert), "--tls-key-file", str(issued.key)]
     server = HostileServer(repository, root / "cache", authority, flags)
     yield server
     server.stop()

@@ -11,10 +11,10 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import grpc
 import httpx
@@ -24,6 +24,7 @@ from tests.live_server import free_port, is_running, server_log, start_server_pr
 from tests.tls_files import Authority
 
 Door = Literal["http", "grpc"]
+Outcome = TypeVar("Outcome")
 MB = 1024 * 1024
 INFER_BODY = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}]}
 
@@ -198,3 +199,14 @@ def assert_normal_client_served(seen: Latencies, usual: tuple[float, float]) -> 
     for door, during, before in zip(("HTTP", "gRPC"), seen.medians(), usual, strict=True):
         bound = max(2 * before, before + NOISE_FLOOR_S)
         assert during < bound, f"{door}: median round trip {during * 1e3:.1f} ms, usually {before * 1e3:.1f} ms"
+
+
+def repeat_attack(
+    seen: Latencies, attack: Callable[[], Outcome], min_round_trips: int = 20, max_attacks: int = 50
+) -> list[Outcome]:
+    """Run `attack` again and again (at most `max_attacks` times) until the normal client measuring into `seen` has
+    made `min_round_trips` over each door meanwhile: a short attack still gets a median to compare. Its outcomes."""
+    outcomes = [attack()]
+    while min(len(seen.http), len(seen.grpc)) < min_round_trips and len(outcomes) < max_attacks:
+        outcomes.append(attack())
+    return outcomes

@@ -2,13 +2,17 @@
 (`receive_data`), events out, bytes to send (`data_to_send`). zttp parses and writes every HTTP/2 frame through its
 public API; this adds gRPC's conventions (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md): the
 5-byte message prefix, compressed messages, `grpc-timeout`, the status trailers, the message size limit; and what a
-server needs of HTTP/2 for long-lived clients: a connection told to go away before zttp's stream limit.
+server needs of HTTP/2 for long-lived clients: a connection told to go away before zttp's stream limit; and of
+hostile ones: a connection whose frames are mostly overhead (PING, SETTINGS, empty or tiny DATA frames) is ended
+with ENHANCE_YOUR_CALM, as nginx does, and a call can be refused the same way (RST_STREAM, RESOURCE_EXHAUSTED to
+gRPC clients). Compressed messages come out as they came (the IO inflates them off the event loop).
 
 The IO around it (connection.py) runs each call's handler and writes what this holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +26,14 @@ from layerserve.transports.grpc import wire
 MAX_STREAMS = 4_000
 _REFUSED_STREAM = 7
 _NO_ERROR = 0
+_ENHANCE_YOUR_CALM = 11
+# A connection whose bytes are more than FLOOD_RATIO times its payload, past FLOOD_ALLOWANCE_BYTES, is a flood
+# (nginx's rule, at 8 times): payload is DATA bytes, a request head counts as _HEAD_BYTES, a window update for
+# answers taken as up to _WINDOW_UPDATE_BYTES (its own size).
+FLOOD_RATIO = 4
+FLOOD_ALLOWANCE_BYTES = 1 << 20
+_HEAD_BYTES = 512
+_WINDOW_UPDATE_BYTES = 13
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +48,19 @@ class CallStarted:
 
 @dataclass(frozen=True, slots=True)
 class MessageReceived:
-    """One whole request message of a call (decompressed)."""
+    """One whole request message of a call, uncompressed."""
 
     stream_id: int
     message: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedMessageReceived:
+    """One whole request message of a call, compressed in `encoding` (the call's `grpc-encoding`, or None)."""
+
+    stream_id: int
+    message: bytes
+    encoding: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +91,15 @@ class ConnectionEnded:
     reason: str
 
 
-Event = CallStarted | MessageReceived | RequestEnded | CallClosed | WindowOpened | ConnectionEnded
+Event = (
+    CallStarted
+    | MessageReceived
+    | CompressedMessageReceived
+    | RequestEnded
+    | CallClosed
+    | WindowOpened
+    | ConnectionEnded
+)
 
 
 class _Stream:
@@ -125,7 +154,10 @@ class GrpcHttp2:
         self._last_stream = 0
         self._greeted = False
         self._refusal = b""  # the answer to an HTTP/1.1 request, sent instead of HTTP/2
+        self._received_bytes = 0
+        self._payload_bytes = 0  # see FLOOD_RATIO
         self.going_away = False
+        self.preface_received = False  # the client's preface and SETTINGS came
 
     # Bytes in, events out.
 
@@ -139,9 +171,21 @@ class GrpcHttp2:
             self._h2.initiate_connection()
         try:
             self._h2.receive_data(data)
-            return self._events()
+            events = self._events()
         except zttp.RemoteProtocolError as error:
             return [ConnectionEnded(f"invalid HTTP/2: {error}")]
+        self._received_bytes += len(data)
+        if self._received_bytes > FLOOD_RATIO * self._payload_bytes + FLOOD_ALLOWANCE_BYTES:
+            events.append(self._calm_down())
+        return events
+
+    def _calm_down(self) -> ConnectionEnded:
+        """GOAWAY ENHANCE_YOUR_CALM: the client's frames are mostly overhead."""
+        received, payload = self._received_bytes, self._payload_bytes
+        self._received_bytes = self._payload_bytes = 0  # told once
+        self.going_away = True
+        self._h2.close(_ENHANCE_YOUR_CALM, self._last_stream)
+        return ConnectionEnded(f"flood: {received} bytes received for {payload} of payload")
 
     def _events(self) -> list[Event]:
         events: list[Event] = []
@@ -150,6 +194,7 @@ class GrpcHttp2:
             event: Any = h2.next_event()  # dispatched on its exact type (cheaper than isinstance)
             kind = type(event)
             if kind is zttp.Data:
+                self._payload_bytes += len(event.data)
                 stream = streams.get(event.stream_id)
                 if stream is not None:
                     self._received(event.stream_id, stream, event.data, events)
@@ -165,12 +210,16 @@ class GrpcHttp2:
                 if streams.pop(event.stream_id, None) is not None:
                     events.append(CallClosed(event.stream_id))
             elif kind is zttp.WindowUpdate:
+                self._payload_bytes += min(_WINDOW_UPDATE_BYTES, event.increment >> 10)
                 events.append(WindowOpened())
+            elif kind is zttp.Settings:
+                self.preface_received = True
             elif kind is zttp.GoAway:
                 self.going_away = True
 
     def _open(self, request: zttp.Request, events: list[Event]) -> None:
         stream_id = request.stream_id
+        self._payload_bytes += _HEAD_BYTES
         self._last_stream = max(self._last_stream, stream_id)
         stream = self._h2.stream(stream_id)
         if self.going_away:
@@ -215,13 +264,9 @@ class GrpcHttp2:
                 return
             compressed, message = stream.take()
             if compressed:
-                try:
-                    message = wire.decompress(message, stream.encoding, self.max_message_bytes)
-                except wire.CallError as error:
-                    self.end_call(stream_id, error.code, error.details)
-                    events.append(CallClosed(stream_id))
-                    return
-            events.append(MessageReceived(stream_id, message))
+                events.append(CompressedMessageReceived(stream_id, message, stream.encoding))
+            else:
+                events.append(MessageReceived(stream_id, message))
 
     def _ended(self, stream_id: int, stream: _Stream, events: list[Event]) -> None:
         stream.ended = True
@@ -270,6 +315,14 @@ class GrpcHttp2:
                 h2_stream.reset(_NO_ERROR)
         except zttp.LocalProtocolError:  # the stream closed meanwhile (the client reset it)
             pass
+
+    def refuse_call(self, stream_id: int) -> None:
+        """RST_STREAM ENHANCE_YOUR_CALM (gRPC clients see RESOURCE_EXHAUSTED): the call's client sends faster than
+        it takes the answers; what waits for its window is dropped. The call is then forgotten."""
+        if self._streams.pop(stream_id, None) is None:
+            return
+        with contextlib.suppress(zttp.LocalProtocolError):  # the stream closed meanwhile
+            self._h2.stream(stream_id).reset(_ENHANCE_YOUR_CALM)
 
     def pending_bytes(self, stream_id: int) -> int:
         """Answer bytes of a call that wait for the client's window."""

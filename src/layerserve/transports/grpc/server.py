@@ -7,6 +7,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -65,6 +66,8 @@ class GrpcDoor:
         self._connections: set[GrpcConnection] = set()
         self._server: asyncio.Server | None = None
         self._serving: asyncio.Task[None] | None = None
+        # Compressed messages inflate here, one at a time: a gzip bomb costs a thread's time, not the loop's.
+        self._inflater = ThreadPoolExecutor(1, thread_name_prefix="grpc-inflate")
 
     @property
     def handlers(self) -> dict[bytes, Any]:
@@ -85,7 +88,10 @@ class GrpcDoor:
         loop = asyncio.get_running_loop()
 
         def connection() -> GrpcConnection:
-            return GrpcConnection(self._handlers, settings.max_body_bytes, self._connections)
+            return GrpcConnection(
+                self._handlers, settings.max_body_bytes, self._connections, loop, settings.grpc_idle_timeout_s,
+                self._inflater,
+            )  # fmt: skip
 
         options: dict[str, Any] = {}
         if self._tls is not None:
@@ -112,6 +118,7 @@ class GrpcDoor:
             self._serving.cancel()
         await self._health.enter_graceful_shutdown()
         if self._server is None:
+            self._inflater.shutdown(wait=False)
             return
         self._server.close()
         for connection in list(self._connections):
@@ -128,3 +135,4 @@ class GrpcDoor:
                 await asyncio.sleep(0.1)  # the cancelled handlers answer UNAVAILABLE
         for connection in list(self._connections):
             connection.close()
+        self._inflater.shutdown(wait=False, cancel_futures=True)

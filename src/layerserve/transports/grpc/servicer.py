@@ -26,6 +26,7 @@ from layerserve.transports.policy import Access, Exchange, Refusal, RequestPolic
 
 SERVICE_PATH = "/inference.GRPCInferenceService"
 _STREAM = "ModelStreamInfer"
+STREAM_IN_FLIGHT = 4  # a ModelStreamInfer stream's messages being answered at once
 Answer = TypeVar("Answer")
 
 
@@ -171,34 +172,40 @@ class InferenceServicer:
     async def ModelStreamInfer(  # noqa: N802
         self, requests: AsyncIterator[pb.ModelInferRequest], context: CallContext
     ) -> None:
-        """Inferences over one stream, answered as each is done (they are batched together like any others);
-        an error answers its message with `error_message` and the stream goes on. The token is checked once, for
-        the stream; each message is recorded as a request of its own."""
+        """Inferences over one stream, answered in order, STREAM_IN_FLIGHT at a time (they are batched together
+        like any others; the stream's next messages wait meanwhile); an error answers its message with
+        `error_message` and the stream goes on. The token is checked once, for the stream; each message is recorded
+        as a request of its own."""
         refused = self._policy.authorize(Access.API, authorization(context), is_grpc=True)
         if refused is not None:
             await context.abort(grpc.StatusCode[grpc_code_name(refused.status)], refused.message)
-        lock, answering = asyncio.Lock(), set[asyncio.Task[None]]()
+        answering: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_IN_FLIGHT)
+        tasks = set[asyncio.Task[pb.ModelStreamInferResponse]]()
 
-        async def answer(request: pb.ModelInferRequest) -> None:
-            exchange = _exchange(_STREAM, Access.PUBLIC, context, False)  # the stream's token was checked
-            response = await self._policy.run(exchange, self._infer, request, context)
-            reply = (
-                pb.ModelStreamInferResponse(error_message=response.message)
-                if isinstance(response, Refusal)
-                else pb.ModelStreamInferResponse(infer_response=response)
-            )
-            async with lock:
-                await context.write(reply)
+        async def write_answers() -> None:
+            while (task := await answering.get()) is not None:
+                await context.write(await task)
 
+        writer = asyncio.create_task(write_answers())
         try:
             async for request in requests:
-                task = asyncio.create_task(answer(request))
-                answering.add(task)
-                task.add_done_callback(answering.discard)
-            await asyncio.gather(*answering)
+                task = asyncio.create_task(self._stream_answer(request, context))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                await _put_while(answering, task, writer)
+            await _put_while(answering, None, writer)
+            await writer
         finally:
-            for task in answering:
+            writer.cancel()
+            for task in tasks:
                 task.cancel()
+
+    async def _stream_answer(self, request: pb.ModelInferRequest, context: CallContext) -> pb.ModelStreamInferResponse:
+        exchange = _exchange(_STREAM, Access.PUBLIC, context, False)  # the stream's token was checked
+        response = await self._policy.run(exchange, self._infer, request, context)
+        if isinstance(response, Refusal):
+            return pb.ModelStreamInferResponse(error_message=response.message)
+        return pb.ModelStreamInferResponse(infer_response=response)
 
     async def RepositoryIndex(  # noqa: N802
         self, request: pb.RepositoryIndexRequest, context: CallContext
@@ -271,3 +278,15 @@ def _exchange(method: str, access: Access, context: CallContext, needs_token: bo
     """The policy's exchange of one RPC (or stream message)."""
     token = authorization(context) if needs_token and access is not Access.PUBLIC else None
     return Exchange("GRPC", f"{SERVICE_PATH}/{method}", f"grpc.{method}", access, token, is_grpc=True)
+
+
+async def _put_while(queue: asyncio.Queue[Any], item: Any, writer: asyncio.Task[None]) -> None:
+    """Put `item` once there is room; the writer's error (the client is gone, an answer too large) ends the wait."""
+    if not queue.full():
+        queue.put_nowait(item)
+        return
+    putting = asyncio.ensure_future(queue.put(item))
+    await asyncio.wait((putting, writer), return_when=asyncio.FIRST_COMPLETED)
+    if not putting.done():
+        putting.cancel()
+        await writer  # raises its error
