@@ -10,7 +10,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from layerserve.errors import ConfigError
 from layerserve.settings import Settings
@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 Door = Literal["http", "grpc"]
 ALPN: dict[Door, list[str]] = {"http": ["http/1.1"], "grpc": ["h2"]}
 CHECK_INTERVAL_S = 1.0  # how often, at most, a handshake looks whether the files changed
+# A TLS connection's closing handshake (close_notify both ways) reads and decrypts what the client still sends; it
+# is cut short after this (asyncio's default: 30 s).
+SHUTDOWN_TIMEOUT_S = 2.0
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 
 
@@ -146,6 +149,16 @@ class ServerTls:
         self._signature, self._current = signature, context
         log.info("TLS certificate %s re-read: new connections use it", self.files.cert)
         return True
+
+
+def listen_options(tls: ServerTls | None, handshake_timeout_s: float) -> dict[str, Any]:
+    """The `create_server` arguments of a door with `tls` (none for plaintext): its context, the time a client has
+    for the handshake, and the bound on the closing one."""
+    if tls is None:
+        return {}
+    return {
+        "ssl": tls.context, "ssl_handshake_timeout": handshake_timeout_s, "ssl_shutdown_timeout": SHUTDOWN_TIMEOUT_S
+    }  # fmt: skip
 
 
 def server_tls(settings: Settings, door: Door) -> ServerTls | None:

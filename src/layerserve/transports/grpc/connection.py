@@ -157,6 +157,8 @@ class GrpcConnection(asyncio.Protocol):
             elif kind is ConnectionEnded:
                 log.debug("gRPC connection from %s closed: %s", self.peer, event.reason)  # type: ignore[union-attr]
                 self._flush()
+                if event.abort and self._transport is not None:  # type: ignore[union-attr]
+                    self._transport.abort()
                 self.close()
                 return
         self._flush()

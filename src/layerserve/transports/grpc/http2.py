@@ -85,10 +85,12 @@ class WindowOpened:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionEnded:
-    """The connection cannot go on (bytes that are not HTTP/2, an HTTP/1.1 request): close it once what is held is
-    sent."""
+    """The connection cannot go on (bytes that are not HTTP/2, an HTTP/1.1 request, a flood): close it once what is
+    held is sent; with `abort`, at once after this turn's bytes (a hostile client gets no TLS shutdown, during which
+    its bytes would still be read and decrypted)."""
 
     reason: str
+    abort: bool = False
 
 
 Event = (
@@ -173,7 +175,7 @@ class GrpcHttp2:
             self._h2.receive_data(data)
             events = self._events()
         except zttp.RemoteProtocolError as error:
-            return [ConnectionEnded(f"invalid HTTP/2: {error}")]
+            return [ConnectionEnded(f"invalid HTTP/2: {error}", abort=True)]
         self._received_bytes += len(data)
         if self._received_bytes > FLOOD_RATIO * self._payload_bytes + FLOOD_ALLOWANCE_BYTES:
             events.append(self._calm_down())
@@ -185,7 +187,7 @@ class GrpcHttp2:
         self._received_bytes = self._payload_bytes = 0  # told once
         self.going_away = True
         self._h2.close(_ENHANCE_YOUR_CALM, self._last_stream)
-        return ConnectionEnded(f"flood: {received} bytes received for {payload} of payload")
+        return ConnectionEnded(f"flood: {received} bytes received for {payload} of payload", abort=True)
 
     def _events(self) -> list[Event]:
         events: list[Event] = []

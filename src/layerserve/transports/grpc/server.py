@@ -19,7 +19,7 @@ from layerserve.settings import Settings
 from layerserve.transports.grpc.connection import GrpcConnection
 from layerserve.transports.grpc.servicer import InferenceServicer
 from layerserve.transports.ports import address
-from layerserve.transports.tls import ServerTls
+from layerserve.transports.tls import ServerTls, listen_options
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +93,7 @@ class GrpcDoor:
                 self._inflater,
             )  # fmt: skip
 
-        options: dict[str, Any] = {}
-        if self._tls is not None:
-            options.update(ssl=self._tls.context, ssl_handshake_timeout=settings.header_timeout_s)
+        options = listen_options(self._tls, settings.header_timeout_s)
         try:
             if sockets is not None:
                 self._server = await loop.create_server(connection, sock=sockets[0], **options)

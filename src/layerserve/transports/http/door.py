@@ -14,7 +14,7 @@ from layerserve.transports.http.lane import DirectLane
 from layerserve.transports.http.protocol import DoorState, HttpLimits, HttpProtocol
 from layerserve.transports.policy import RequestPolicy
 from layerserve.transports.ports import address
-from layerserve.transports.tls import ServerTls
+from layerserve.transports.tls import ServerTls, listen_options
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,8 @@ class HttpDoor:
             return HttpProtocol(state, loop)
 
         settings, tls = self._settings, self._tls
-        options: dict[str, Any] = {"backlog": BACKLOG}
-        if tls is not None:  # a client silent through the handshake is dropped as one silent through its head
-            options.update(ssl=tls.context, ssl_handshake_timeout=settings.header_timeout_s)
+        # A client silent through the TLS handshake is dropped as one silent through its head.
+        options: dict[str, Any] = {"backlog": BACKLOG, **listen_options(tls, settings.header_timeout_s)}
         self._tick()
         if sockets is not None:
             for sock in sockets:
