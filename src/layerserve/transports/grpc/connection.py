@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from concurrent.futures import Executor
 from typing import Any
 
@@ -54,8 +55,8 @@ class GrpcConnection(asyncio.Protocol):
         self._started_seen = 0  # `_started_calls` when the idle timer last looked
         self._holders: set[object] = set()  # what holds reading: _WRITING, calls whose messages wait
         self._reading = True
-        self._unread = b""  # read from the socket, not yet given to the core
-        self._unread_at = 0
+        self._unread: deque[bytes] = deque()  # read from the socket, not yet given to the core (no copies)
+        self._unread_at = 0  # how much of the first is given
         self._read_handle: asyncio.Handle | None = None
         self._handlers = handlers
         self._connections = connections
@@ -83,7 +84,7 @@ class GrpcConnection(asyncio.Protocol):
         for handle in (self._timer, self._read_handle):
             if handle is not None:
                 handle.cancel()
-        self._unread = b""
+        self._unread.clear()
         for call in list(self._calls.values()):
             call.cancel()
         self._calls.clear()
@@ -95,8 +96,7 @@ class GrpcConnection(asyncio.Protocol):
         """Feed the core (a slice per loop turn, none while reading is held); act on its events; write what it
         holds at once (acknowledgements, refusals)."""
         if len(data) > READ_SLICE_BYTES or self._unread or self._holders:
-            self._unread = self._unread[self._unread_at :] + data if self._unread else data
-            self._unread_at = 0
+            self._unread.append(data)
             self._update_reading()
             return
         self._feed(data)
@@ -106,10 +106,11 @@ class GrpcConnection(asyncio.Protocol):
         self._read_handle = None
         if self._holders or self._transport is None or self._transport.is_closing():
             return
-        at = self._unread_at
-        data, self._unread_at = self._unread[at : at + READ_SLICE_BYTES], at + READ_SLICE_BYTES
-        if self._unread_at >= len(self._unread):
-            self._unread, self._unread_at = b"", 0
+        first, at = self._unread[0], self._unread_at
+        data, self._unread_at = first[at : at + READ_SLICE_BYTES], at + READ_SLICE_BYTES
+        if self._unread_at >= len(first):
+            self._unread.popleft()
+            self._unread_at = 0
         self._feed(data)
         self._update_reading()
 
