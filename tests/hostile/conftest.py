@@ -18,6 +18,7 @@ def hostile_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     root = tmp_path_factory.mktemp(f"hostile-{request.param}")
     repository = root / "repository"
     save_model(build_mlp(1), repository / "mlp" / "1", "model.keras")
-    server = HostileServer(repository, root / "cache", None, [])
+    flags = getattr(request.module, "SERVER_FLAGS", ())  # a suite's own settings (shorter timeouts, say)
+    server = HostileServer(repository, root / "cache", None, [], flags)
     yield server
     server.stop()

@@ -1,6 +1,7 @@
 """A server under attack: `layerserve serve` in a process of its own (so that its memory is its own), over plain TCP
-or TLS, with what the hostile-client tests measure: the server's resident memory, and a normal client's latency
-over HTTP and gRPC before, during and after an attack."""
+or TLS, with a suite's own flags (its module's `SERVER_FLAGS`: shorter timeouts, say), and what the hostile-client
+tests measure: the server's resident memory, and a normal client's latency over HTTP and gRPC before, during and
+after an attack."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -52,14 +53,21 @@ class HostileServer:
     """See the module: a started server over `repository`, its HTTP and gRPC ports, its TLS authority (None:
     plaintext), and the normal client's connections."""
 
-    def __init__(self, repository: Path, cache: Path, authority: Authority | None, tls_files: list[str]) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        cache: Path,
+        authority: Authority | None,
+        tls_files: list[str],
+        flags: Sequence[str] = (),
+    ) -> None:
         self.repository = repository
         self.authority = authority
         self.http_port, self.grpc_port = free_port(), free_port()
         self.log = server_log(repository)
         self.process = start_server_process(
             repository, cache, self.http_port, "--grpc-port", str(self.grpc_port), "--reload-interval-s", "0",
-            "--log-level", "info", *tls_files,
+            "--log-level", "info", *tls_files, *flags,
         )  # fmt: skip
         scheme = "https" if authority else "http"
         self.url = f"{scheme}://127.0.0.1:{self.http_port}"
