@@ -10,17 +10,16 @@ the connection holds clients to limits no other layer can see: a request line an
 `header_timeout_s` after its first byte, or a body silent for `body_timeout_s` while it is read, 408; an HTTP/1.1
 request without exactly one Host (or any request with two), 400. A connection that sends nothing for
 `header_timeout_s` (or `keep_alive_timeout_s`, if shorter) after it opens, or for `keep_alive_timeout_s` after an
-answer, is closed. After a refusal the
-connection drops what the client sends and closes a little later (closing at once, with the client's bytes unread,
-would reset it and could lose the answer); refusals are logged at debug, with one warning a minute counting them
-(a hostile client cannot flood the log). A request asking for an upgrade (h2c, a WebSocket) is answered as
-HTTP/1.1, its body read past the parser, which leaves it to the new protocol.
+answer, is closed. After a refusal the connection drops what the client sends and closes a little later (closing
+at once, with the client's bytes unread, would reset it and could lose the answer); refusals are logged at debug,
+with one warning a minute counting them (a hostile client cannot flood the log). A request asking for an upgrade
+(h2c, a WebSocket) is answered as HTTP/1.1, its body read past the parser, which leaves it to the new protocol.
 
 Pipelined requests are answered one at a time, and cost the server a bounded amount whatever the client sends: a
-read is parsed `PARSE_SLICE_BYTES` at a time, and once requests wait behind the one answered, the rest is held unparsed
-(reading paused) until they have started; while the client does not read its answers (the transport's write buffer
-is full) no further request starts and nothing is read, and a client that leaves its answers unread for
-`keep_alive_timeout_s` is dropped.
+read is parsed `PARSE_SLICE_BYTES` at a time, and once requests wait behind the one answered, the rest is held
+unparsed (reading paused) until they have started; while the client does not read its answers (the transport's
+write buffer is full) no further request starts and nothing is read, and a client that leaves its answers unread
+for `keep_alive_timeout_s` is dropped.
 """
 
 from __future__ import annotations
