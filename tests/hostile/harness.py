@@ -1,6 +1,7 @@
 """A server under attack: `layerserve serve` in a process of its own (so that its memory is its own), over plain TCP
-or TLS, with what the hostile-client tests measure: the server's resident memory, and a normal client's latency
-over HTTP and gRPC before, during and after an attack."""
+or TLS, with a suite's own flags (its module's `SERVER_FLAGS`: shorter timeouts, say), and what the hostile-client
+tests measure: the server's resident memory, and a normal client's latency over HTTP and gRPC before, during and
+after an attack."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -53,34 +54,29 @@ class HostileServer:
     """See the module: a started server over `repository`, its HTTP and gRPC ports, its TLS authority (None:
     plaintext), and the normal client's connections."""
 
-    def __init__(self, repository: Path, cache: Path, authority: Authority | None, tls_files: list[str]) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        cache: Path,
+        authority: Authority | None,
+        tls_files: list[str],
+        flags: Sequence[str] = (),
+    ) -> None:
         self.repository = repository
         self.authority = authority
         self.http_port, self.grpc_port = free_port(), free_port()
         self.log = server_log(repository)
         self.process = start_server_process(
             repository, cache, self.http_port, "--grpc-port", str(self.grpc_port), "--reload-interval-s", "0",
-            "--log-level", "info", *tls_files,
+            "--log-level", "info", *tls_files, *flags,
         )  # fmt: skip
         scheme = "https" if authority else "http"
         self.url = f"{scheme}://127.0.0.1:{self.http_port}"
         self._verify: ssl.SSLContext | bool = authority.client_context() if authority else False
-        wait_process_ready(self.url, self.process, self.log) if not authority else self._wait_tls_ready()
+        wait_process_ready(self.url, self.process, self.log, verify=self._verify or True)
         self._http = httpx.Client(base_url=self.url, verify=self._verify, timeout=30)
         self._channel = self._grpc_channel()
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-
-    def _wait_tls_ready(self) -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text() if self.log.exists() else "no log"
-            try:
-                if httpx.get(f"{self.url}/v2/health/ready", verify=self._verify, timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("the server did not become ready")
 
     def _grpc_channel(self) -> grpc.Channel:
         target = f"127.0.0.1:{self.grpc_port}"
@@ -133,12 +129,14 @@ class HostileServer:
         self._stub.ModelInfer(_grpc_request(), timeout=30)
         return time.perf_counter() - start
 
-    def usual(self, count: int = 30) -> tuple[float, float]:
-        """The normal client's median round trips, HTTP and gRPC, with nothing else going on."""
+    def usual(self, count: int = 30, pause_s: float = 0.02) -> tuple[float, float]:
+        """The normal client's median round trips, HTTP and gRPC, with nothing else going on, paced as
+        `normal_client` paces them (a connection idle for a while answers slower than one kept busy)."""
         seen = Latencies()
         for _ in range(count):
             seen.http.append(self.http_round_trip())
             seen.grpc.append(self.grpc_round_trip())
+            time.sleep(pause_s)
         return seen.medians()
 
     @contextlib.contextmanager

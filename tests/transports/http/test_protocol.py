@@ -16,7 +16,7 @@ import pytest
 
 from layerserve.settings import Settings
 from layerserve.transports.http.door import limits_of
-from layerserve.transports.http.protocol import DoorState, HttpProtocol
+from layerserve.transports.http.protocol import PARSE_SLICE_BYTES, DoorState, HttpProtocol
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 _OK = b'{"ok":true}'
@@ -28,7 +28,7 @@ class MockTransport:
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
-        self.closed = self.read_paused = self.eof_written = False
+        self.closed = self.read_paused = self.eof_written = self.aborted = False
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
@@ -38,6 +38,9 @@ class MockTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -552,3 +555,107 @@ async def test_shutdown_closes_an_idle_connection_now_and_a_busy_one_after_its_a
     gate.set()
     received = await busy.answers(b"")
     assert busy.transport.closed and received.endswith(_OK) and b"connection: close" in received
+
+
+async def test_a_connection_that_sends_nothing_closes_after_the_head_or_keep_alive_timeout() -> None:
+    silent = _connection(header_timeout_s=5, keep_alive_timeout_s=20)
+    silent.loop.advance(4.9)
+    assert not silent.transport.closed
+    silent.loop.advance(0.2)
+    assert silent.transport.closed and silent.transport.received == b""  # nothing to answer: closed quietly
+    shorter = _connection(header_timeout_s=30, keep_alive_timeout_s=3)
+    shorter.loop.advance(3.1)
+    assert shorter.transport.closed
+    talking = _connection(header_timeout_s=5, keep_alive_timeout_s=20)
+    talking.loop.advance(4)
+    await talking.answers(_REQUEST)
+    talking.loop.advance(19)  # from its answer on, the keep-alive timeout
+    assert not talking.transport.closed
+    talking.loop.advance(1.1)
+    assert talking.transport.closed
+
+
+@pytest.mark.parametrize(
+    ("head", "error"),
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", "an HTTP/1.1 request needs exactly one Host header, got 0"),
+        (b"GET / HTTP/1.1\r\nhost: a\r\nHost: b\r\n\r\n", "an HTTP/1.1 request needs exactly one Host header, got 2"),
+        (b"GET / HTTP/1.0\r\nhost: a\r\nhost: a\r\n\r\n", "an HTTP/1.0 request needs exactly one Host header, got 2"),
+    ],
+)
+async def test_a_request_without_exactly_one_host_is_400_and_closes(head: bytes, error: str) -> None:
+    app = CountingApp()
+    connection = Connection(app, _settings())
+    received = await connection.answers(head)
+    answer_head, _, body = received.partition(b"\r\n\r\n")
+    assert answer_head.startswith(b"HTTP/1.1 400 ") and b"connection: close" in answer_head
+    assert json.loads(body) == {"error": error} and app.calls == 0
+
+
+async def test_an_http_10_request_may_omit_host() -> None:
+    received = await _connection().answers(b"GET / HTTP/1.0\r\n\r\n")
+    assert received.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_pipelined_input_is_parsed_a_slice_at_a_time_while_requests_wait() -> None:
+    gate = asyncio.Event()
+
+    async def gated(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await gate.wait()
+        await echo_app(scope, receive, send)
+
+    connection = _connection(gated)
+    request = b"POST /p HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\na"
+    connection.send(request * 2_000)  # 106 KB of requests in one read
+    await asyncio.sleep(0)
+    protocol = connection.protocol
+    assert 0 < len(protocol._pipeline) <= PARSE_SLICE_BYTES // len(request) and connection.transport.read_paused
+    assert len(protocol._unparsed) > len(request) * 1_600  # held as bytes, not as requests
+    gate.set()
+    for _ in range(3_000):  # (one request at a time: a round each)
+        if connection.state.tasks:
+            await asyncio.wait(list(connection.state.tasks))
+    assert len(_split(connection.transport.received)) == 2_000 and not connection.transport.read_paused
+
+
+async def test_no_request_starts_while_the_client_leaves_its_answers_unread() -> None:
+    connection = _connection(ok_app, keep_alive_timeout_s=10)
+    protocol, transport = connection.protocol, connection.transport
+    write = transport.writelines
+
+    def fills(chunks: Any) -> None:  # the client reads nothing: every answer fills the transport's buffer
+        write(chunks)
+        protocol.pause_writing()
+
+    transport.writelines = fills  # type: ignore[method-assign]
+    connection.send(_REQUEST * 3)
+    await connection.settle()
+    assert len(_split(transport.received)) == 1 and transport.read_paused
+    protocol.resume_writing()  # it read: the next answer starts (and fills the buffer again)
+    await connection.settle()
+    assert len(_split(transport.received)) == 2 and transport.read_paused
+    connection.loop.advance(10.1)  # its answers unread for the keep-alive timeout: dropped
+    assert transport.aborted
+
+
+async def test_a_pipelined_request_read_whole_keeps_what_came_before_it_started() -> None:
+    connection = _connection(echo_app)
+    first = b"POST /1 HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\na"
+    connection.send(first + b"POST /2 HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\nbc")
+    cycle = connection.protocol._pipeline[0]
+    cycle.whole_body = True  # as the lane does when it starts a request it reads whole
+    connection.send(b"de")
+    answers = [json.loads(body) for _, body in _split(await connection.answers(b""))]
+    assert answers == [{"path": "/1", "body": "a"}, {"path": "/2", "body": "bcde"}]
+
+
+async def test_refusals_are_logged_at_debug_and_counted_in_a_warning_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    state = _connection().state
+    with caplog.at_level(logging.DEBUG, "layerserve.transports.http"):
+        for second in range(130):
+            Connection(ok_app, _settings()).send(b"BAD\r\n\r\n") if second == 0 else None
+            state.refused(1000.0 + second, 400, "bad")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 4  # the other connection's, then this door's at 0, 60 and 120 s
+    assert warnings[2] == "Request refused (400): bad (60 refused since the last such line; each at debug)"
+    assert len([r for r in caplog.records if r.levelno == logging.DEBUG]) == 131

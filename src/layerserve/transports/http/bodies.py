@@ -44,35 +44,56 @@ async def read_body(request: Request, limit: int) -> bytes:
     raw = await _read_raw(request, announced, limit)
     if encoding not in _WBITS or not raw:
         return raw
-    if len(raw) < _THREAD_MIN_BYTES:
-        return _decompress(raw, encoding, limit)
-    # Off the event loop: zlib releases the GIL, and a large body takes tens of milliseconds.
-    return await asyncio.get_running_loop().run_in_executor(None, _decompress, raw, encoding, limit)
+    inflation = _Inflation(raw, _WBITS[encoding], encoding, limit)
+    if not inflation.run(_INLINE_BYTES):
+        # Off the event loop (zlib releases the GIL): a small bomb inflates to the limit in hundreds of milliseconds.
+        await asyncio.get_running_loop().run_in_executor(None, inflation.run, limit + 1)
+    parts = inflation.parts
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-_THREAD_MIN_BYTES = 256 * 1024
+_INLINE_BYTES = 256 * 1024  # decompressed on the event loop up to this (about 0.1 ms); the rest in a thread
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
-def _decompress(data: bytes, encoding: str, limit: int) -> bytes:
-    """Decompress at most `limit` + 1 bytes at a time, so that a small bomb never expands past the limit."""
-    parts, size = [], 0
-    while data:  # gzip bodies may hold several members, one after the other
-        decompressor = zlib.decompressobj(_WBITS[encoding])
-        try:
-            while data and not decompressor.eof:
-                part = decompressor.decompress(data, limit + 1 - size)
-                size += len(part)
-                if size > limit:
-                    raise PayloadTooLargeError(f"decompressed body is over the limit of {limit} bytes")
-                parts.append(part)
-                data = decompressor.unconsumed_tail
-        except zlib.error as error:
-            raise BadRequestError(f"the body is not valid {encoding} data: {error}") from None
-        if not decompressor.eof:
-            raise BadRequestError(f"the {encoding} body is truncated")
-        data = decompressor.unused_data
-    return b"".join(parts)
+class _Inflation:
+    """A compressed body being decompressed, never past `limit` bytes: what is left of it and what came out."""
+
+    def __init__(self, data: bytes, wbits: int, encoding: str, limit: int) -> None:
+        self.data, self.wbits, self.encoding, self.limit = data, wbits, encoding, limit
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.inflater: Any = None  # zlib's decompressor object of the member being read
+
+    def run(self, budget: int) -> bool:
+        """Decompress until the body ends (True) or `budget` more bytes came out (False).
+
+        Raises:
+            PayloadTooLargeError: it decompresses past the limit.
+            BadRequestError: corrupt or truncated data.
+        """
+        stop = self.size + budget
+        while self.size < stop:
+            if self.inflater is None:
+                if not self.data:
+                    return True
+                self.inflater = zlib.decompressobj(self.wbits)  # gzip bodies may hold several members
+            inflater, wanted = self.inflater, min(self.limit + 1, stop) - self.size
+            try:
+                part = inflater.decompress(self.data, wanted)
+            except zlib.error as error:
+                raise BadRequestError(f"the body is not valid {self.encoding} data: {error}") from None
+            self.size += len(part)
+            if self.size > self.limit:
+                raise PayloadTooLargeError(f"decompressed body is over the limit of {self.limit} bytes")
+            if part:
+                self.parts.append(part)
+            self.data = inflater.unconsumed_tail
+            if inflater.eof:
+                self.data, self.inflater = inflater.unused_data, None
+            elif not self.data and len(part) < wanted:
+                raise BadRequestError(f"the {self.encoding} body is truncated")
+        return False
 
 
 async def _read_raw(request: Request, announced: str | None, limit: int) -> bytes:

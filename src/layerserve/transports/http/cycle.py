@@ -84,6 +84,8 @@ class RequestCycle:
         """The request's body is complete."""
         if self.parts:
             parts, self.parts = self.parts, []
+            if self.body:  # (what came while it was queued behind a pipelined answer, before it was read whole)
+                parts.insert(0, self.body)
             self.body = parts[0] if len(parts) == 1 else b"".join(parts)
         self.more_body = False
         self._event.set()

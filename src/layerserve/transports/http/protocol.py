@@ -7,10 +7,19 @@ the connection holds clients to limits no other layer can see: a request line an
 `max_header_bytes` (a chunked body's trailer fields count too) are answered 431 within one read of the limit
 (httptools keeps a head whole until it ends); a body whose bytes with their framing pass `max_body_bytes` +
 `max_header_bytes`, 413; bytes that are not HTTP/1.1, 400 with the parser's reason; a head still coming
-`header_timeout_s` after its first byte, or a body silent for `body_timeout_s` while it is read, 408. After a
-refusal the connection drops what the client sends and closes a little later (closing at once, with the client's
-bytes unread, would reset it and could lose the answer). A request asking for an upgrade (h2c, a WebSocket) is
-answered as HTTP/1.1, its body read past the parser, which leaves it to the new protocol.
+`header_timeout_s` after its first byte, or a body silent for `body_timeout_s` while it is read, 408; an HTTP/1.1
+request without exactly one Host (or any request with two), 400. A connection that sends nothing for
+`header_timeout_s` (or `keep_alive_timeout_s`, if shorter) after it opens, or for `keep_alive_timeout_s` after an
+answer, is closed. After a refusal the connection drops what the client sends and closes a little later (closing
+at once, with the client's bytes unread, would reset it and could lose the answer); refusals are logged at debug,
+with one warning a minute counting them (a hostile client cannot flood the log). A request asking for an upgrade
+(h2c, a WebSocket) is answered as HTTP/1.1, its body read past the parser, which leaves it to the new protocol.
+
+Pipelined requests are answered one at a time, and cost the server a bounded amount whatever the client sends: a
+read is parsed `PARSE_SLICE_BYTES` at a time, and once requests wait behind the one answered, the rest is held
+unparsed (reading paused) until they have started; while the client does not read its answers (the transport's
+write buffer is full) no further request starts and nothing is read, and a client that leaves its answers unread
+for `keep_alive_timeout_s` is dropped.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ log = logging.getLogger("layerserve.transports.http")
 _EXTENSIONS: dict[str, Any] = {CANCELS: {}}
 HIGH_WATER_BYTES = 65_536  # a body buffered past this, the connection stops reading until the app takes it
 REFUSED_LINGER_S = 2.0  # how long a connection whose request was refused stays open, dropping what comes
+PARSE_SLICE_BYTES = 16_384  # a longer read is parsed in pieces this long (pipelined requests: see the module)
+REFUSALS_LOG_EVERY_S = 60.0  # refusals are logged at debug, and counted in one warning at most this often
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,18 @@ class DoorState:
         self.default_headers: list[tuple[bytes, bytes]] = [(b"server", b"layerserve")]
         self.total_requests = 0
         self._closed: asyncio.Event | None = None  # set once no connection is left (see `all_closed`)
+        self._refusals = 0  # since the last warning about them
+        self._refusals_logged_at: float | None = None
+
+    def refused(self, now: float, status: int, message: str) -> None:
+        """Log a refusal: at debug, and in a warning at most every `REFUSALS_LOG_EVERY_S` (with the count since)."""
+        log.debug("Request refused (%d): %s", status, message)
+        self._refusals += 1
+        if self._refusals_logged_at is not None and now - self._refusals_logged_at < REFUSALS_LOG_EVERY_S:
+            return
+        log.warning("Request refused (%d): %s (%d refused since the last such line; each at debug)", status, message,
+                    self._refusals)  # fmt: skip
+        self._refusals, self._refusals_logged_at = 0, now
 
     def connection_closed(self, connection: HttpProtocol) -> None:
         """A connection is gone (its last bytes sent, or the client left)."""
@@ -90,6 +113,10 @@ class DoorState:
 
 class HeadTooLargeError(Exception):
     """Raised in a parser callback to stop it at a head (or a chunked body's trailer fields) over the limit."""
+
+
+class BadHeadError(Exception):
+    """Raised in a parser callback to stop it at a head HTTP/1.1 forbids (400 with this message)."""
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -109,7 +136,9 @@ class HttpProtocol(asyncio.Protocol):
         self._pipeline: collections.deque[RequestCycle] = collections.deque()
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._hosts = 0  # Host fields in the head being read
         self._expect_continue = False
+        self._unparsed = b""  # pipelined input held back while requests wait (see the module)
         self._read_paused = False
         self._writable: asyncio.Future[None] | None = None
         # Limits: bytes of the head being read (from the first read after the previous message ended) and when its
@@ -125,8 +154,10 @@ class HttpProtocol(asyncio.Protocol):
         self._read_timer: asyncio.TimerHandle | None = None  # one per connection, armed while a request comes
         self._refused = False
         self._upgrade_body_left: int | None = None
-        # Keep-alive: one timer per connection, made when it turns idle with none armed (not one per answer).
-        self._idle_since: float | None = None
+        # Idle connections: one timer per connection, made when it turns idle with none armed (not one per answer);
+        # idle until `_idle_until` (from the connection's start, then from each answer).
+        self._keep_alive_s = limits.keep_alive_timeout_s
+        self._idle_until: float | None = None
         self._keep_alive_timer: asyncio.TimerHandle | None = None
 
     # asyncio's calls.
@@ -137,6 +168,10 @@ class HttpProtocol(asyncio.Protocol):
         self._state.connections.add(self)
         scheme = "https" if transport.get_extra_info("sslcontext") else "http"
         self._addresses = (_address(transport, "sockname"), _address(transport, "peername"), scheme)
+        # A connection that sends nothing is closed (no later than a keep-alive deadline: the timer is reused).
+        timeout_s = min(self._limits.header_timeout_s, self._keep_alive_s)
+        self._idle_until = self._loop.time() + timeout_s
+        self._keep_alive_timer = self._loop.call_later(timeout_s, self._keep_alive_expired)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Every request of the connection is over: one not answered yet is cancelled (nobody is left to answer)."""
@@ -147,7 +182,10 @@ class HttpProtocol(asyncio.Protocol):
                 task = cycle.task
                 if task is not None and not task.done() and not cycle.response_started:
                     task.cancel()
+        # Nothing of the connection outlives it (its requests' bodies, pipelined input).
         self._pipeline.clear()
+        self._cycle = self._answering = None
+        self._unparsed, self._headers = b"", []
         for timer in (self._read_timer, self._keep_alive_timer):
             if timer is not None:
                 timer.cancel()
@@ -165,15 +203,20 @@ class HttpProtocol(asyncio.Protocol):
             self._writable = self._loop.create_future()
 
     def resume_writing(self) -> None:
-        """The transport's buffer drained."""
+        """The transport's buffer drained: writers go on, and the next request starts if it waited for this."""
         if self._writable is not None:
             if not self._writable.done():
                 self._writable.set_result(None)
             self._writable = None
+        if self._answering is None and not self._refused and not self.transport.is_closing():
+            self._next()
 
     def data_received(self, data: bytes) -> None:
         """Parse what came, within the limits (see the module)."""
         if self._refused:
+            return
+        if self._unparsed:  # (came before reading paused)
+            self._unparsed += data
             return
         if self._reading_head:
             if not self._head_bytes:  # a head begins
@@ -187,26 +230,45 @@ class HttpProtocol(asyncio.Protocol):
             if self._body_bytes > self._max_raw_body:
                 self._refuse(413, self._body_too_large())
                 return
-        self._idle_since = None
+        self._idle_until = None
         if self._upgrade_body_left is not None:
             self._after_upgrade(data, 0)
             return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as error:
-            self._parse_failed(error)
-            return
-        except httptools.HttpParserUpgrade as upgrade:
-            self._after_upgrade(data, upgrade.args[0])
+        if not (self._parse_in_slices(data) if len(data) > PARSE_SLICE_BYTES else self._parse(data, data)):
             return
         if self._reading_head and self._head_bytes > self._limits.max_header_bytes and not self._refused:
             self._refuse(431, self._too_large())
+
+    def _parse(self, piece: bytes | memoryview, rest: bytes | memoryview) -> bool:
+        """Feed `piece` (which begins `rest`) to the parser; False when parsing stopped (a refusal, an upgrade)."""
+        try:
+            self._parser.feed_data(piece)
+        except httptools.HttpParserError as error:
+            self._parse_failed(error)
+            return False
+        except httptools.HttpParserUpgrade as upgrade:
+            self._after_upgrade(rest, upgrade.args[0])
+            return False
+        return True
+
+    def _parse_in_slices(self, data: bytes) -> bool:
+        """Parse a long read `PARSE_SLICE_BYTES` at a time, holding the rest back (reading paused) once requests wait
+        behind the one answered; False when parsing stopped."""
+        view = memoryview(data)
+        for start in range(0, len(view), PARSE_SLICE_BYTES):
+            if self._pipeline:
+                self._unparsed = bytes(view[start:])
+                self._pause_reading()
+                return True
+            if not self._parse(view[start : start + PARSE_SLICE_BYTES], view[start:]):
+                return False
+        return True
 
     # The parser's callbacks.
 
     def on_message_begin(self) -> None:
         """A request begins."""
-        self._url, self._headers, self._expect_continue, self._trailer_bytes = b"", [], False, 0
+        self._url, self._headers, self._expect_continue, self._trailer_bytes, self._hosts = b"", [], False, 0, 0
 
     def on_url(self, url: bytes) -> None:
         """A piece of the request target."""
@@ -221,7 +283,9 @@ class HttpProtocol(asyncio.Protocol):
                 raise HeadTooLargeError
             return
         name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
+        if name == b"host":
+            self._hosts += 1
+        elif name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
 
@@ -230,16 +294,19 @@ class HttpProtocol(asyncio.Protocol):
         limits = self._limits
         if self._head_bytes > limits.max_header_bytes and self._head_size() > limits.max_header_bytes:
             raise HeadTooLargeError
+        parser = self._parser
+        version = parser.get_http_version()
+        if self._hosts != 1 and (self._hosts or version != "1.0"):  # RFC 9112 3.2 (HTTP/1.0 may omit it)
+            raise BadHeadError(f"an HTTP/{version} request needs exactly one Host header, got {self._hosts}")
         self._reading_head, self._head_bytes, self._body_since, self._body_bytes = False, 0, self._loop.time(), 0
         if self._read_timer is None:  # (a head that began inside the chunk that ended the previous request)
             self._read_timer = self._loop.call_later(self._read_check_s, self._read_timer_fired)
-        parser = self._parser
         parsed = httptools.parse_url(self._url)
         raw_path = parsed.path
         server, client, scheme = self._addresses
         scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version":
-            parser.get_http_version(), "server": server, "client": client, "scheme": scheme,
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": version,
+            "server": server, "client": client, "scheme": scheme,
             "method": parser.get_method().decode("ascii"), "root_path": "",
             "path": unquote(raw_path.decode("ascii")) if b"%" in raw_path else raw_path.decode("ascii"),
             "raw_path": raw_path, "query_string": parsed.query or b"", "headers": self._headers, "state": {},
@@ -329,28 +396,51 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()
 
     def answered(self, cycle: RequestCycle) -> None:
-        """An answer is complete: start the next pipelined request, or else the connection is idle from now."""
+        """An answer is complete: start the next pipelined request, or else the connection is idle from now; while
+        the client leaves answers unread (the write buffer full), neither until it reads (`resume_writing`)."""
         self._state.total_requests += 1
         if self._answering is cycle:
             self._answering = None
         if self.transport.is_closing():
             return
-        self.resume_reading()
+        if self._writable is not None:
+            self._pause_reading()
+            self._idle()
+            return
+        self._next()
+
+    def _next(self) -> None:
+        """Start the next pipelined request; once none waits, parse what was held back, and read again."""
         if self._pipeline:
             self._start(self._pipeline.popleft())
-            return
-        self._idle_since = self._loop.time()
+            if self._pipeline:
+                return  # (its body is whole: the parser is past it)
+        if self._unparsed:
+            held, self._unparsed = self._unparsed, b""
+            self.data_received(held)
+            if self._unparsed or self._refused:
+                return
+        self.resume_reading()
+        if self._answering is None:
+            self._idle()
+
+    def _idle(self) -> None:
+        """Nothing to answer from now: the connection closes unless a request comes within the keep-alive timeout."""
+        self._idle_until = self._loop.time() + self._keep_alive_s
         if self._keep_alive_timer is None:
-            self._keep_alive_timer = self._loop.call_later(self._limits.keep_alive_timeout_s, self._keep_alive_expired)
+            self._keep_alive_timer = self._loop.call_later(self._keep_alive_s, self._keep_alive_expired)
 
     def _keep_alive_expired(self) -> None:
-        """Close the connection if it has been idle for the keep-alive timeout; else wait for what is left."""
+        """Close the connection if it has been idle until now (dropped if its answers are still unread); else wait
+        for what is left."""
         self._keep_alive_timer = None
-        if self._idle_since is None or self._answering is not None:
+        if self._idle_until is None or self._answering is not None:
             return  # busy: its next answer arms the timer
-        left = self._idle_since + self._limits.keep_alive_timeout_s - self._loop.time()
+        left = self._idle_until - self._loop.time()
         if left > 0:
             self._keep_alive_timer = self._loop.call_later(left, self._keep_alive_expired)
+        elif self._writable is not None:
+            self.transport.abort()  # closing would wait for the client to read
         elif not self.transport.is_closing():
             self.transport.close()
 
@@ -416,7 +506,7 @@ class HttpProtocol(asyncio.Protocol):
         else:
             self._refuse(408, message)
 
-    def _after_upgrade(self, data: bytes, parsed: int) -> None:
+    def _after_upgrade(self, data: bytes | memoryview, parsed: int) -> None:
         """Read on as HTTP/1.1 where the parser stopped after a request asking for an upgrade (at `parsed`, where the
         new protocol's bytes would begin): that request's body, then the next requests."""
         rest = memoryview(data)[parsed:]
@@ -445,6 +535,9 @@ class HttpProtocol(asyncio.Protocol):
         if isinstance(cause, HeadTooLargeError):
             trailers = "" if self._reading_head else " (a chunked body's trailer fields count as headers)"
             self._refuse(431, self._too_large() + trailers)
+            return
+        if isinstance(cause, BadHeadError):
+            self._refuse(400, str(cause))
             return
         if cause is None or isinstance(cause, httptools.HttpParserError):
             self._refuse(400, f"malformed HTTP/1.1 request: {cause or error}")
@@ -487,7 +580,7 @@ class HttpProtocol(asyncio.Protocol):
                 return
             else:
                 cycle.lost()  # its route's next read ends it; the refusal is its answer
-        log.warning("Request refused (%d): %s", status, message)
+        self._state.refused(self._loop.time(), status, message)
         body = orjson.dumps({"error": message})
         head = [status_line(status)]
         for name, value in self.default_headers:
