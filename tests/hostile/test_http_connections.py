@@ -5,6 +5,7 @@ serve a normal client meanwhile (tests/hostile/http_wire.py's `attack`)."""
 from __future__ import annotations
 
 import json
+import ssl
 import time
 
 import pytest
@@ -73,7 +74,7 @@ def test_pipelining_to_a_client_that_never_reads_is_held_to_a_bound(
                     sent[i] += sock.send(burst)
                 except TimeoutError:
                     stalled.add(i)  # the server stopped reading
-                except ConnectionResetError:
+                except (ConnectionResetError, ssl.SSLEOFError):
                     stalled.add(i)  # (and dropped the connection: its answers unread for keep_alive_timeout_s)
         held = hostile_server.rss_bytes()
         print(f"\n  sent {[f'{n / MB:.1f} MB' for n in sent]}; server RSS +{(held - before) / MB:.1f} MB while held")
