@@ -11,6 +11,7 @@ import logging
 import signal
 import socket
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import uvloop
@@ -54,9 +55,12 @@ class Server:
         self.runtime = runtime = Runtime(settings, board, settle_first, peers, launcher)
         self.data, self.control = runtime.data, runtime.control
         self.policy = RequestPolicy(settings)
+        # Compressed bodies and messages of both doors inflate here, one at a time: a gzip bomb costs this thread's
+        # time, not the event loop's, nor the default executor's, which the engine processes' calls use.
+        self.inflater = ThreadPoolExecutor(1, thread_name_prefix="inflate")
         services = HttpServices(
             runtime.data, runtime.control, settings, lambda: runtime.is_ready, runtime.readiness, runtime.exposition,
-            runtime.jobs,
+            runtime.jobs, self.inflater,
         )  # fmt: skip
         app = create_app(services, self.policy, self._lifespan, answer_headers)
         self.app = app if wrap_app is None else wrap_app(app)
@@ -64,7 +68,11 @@ class Server:
         self.servicer = InferenceServicer(
             ServingState(runtime.data, runtime.control, lambda: runtime.is_ready, self.policy)
         )
-        self.grpc = GrpcDoor(settings, self.servicer, runtime.wait_settled, grpc_tls) if settings.grpc_port else None
+        self.grpc = (
+            GrpcDoor(settings, self.servicer, runtime.wait_settled, grpc_tls, self.inflater)
+            if settings.grpc_port
+            else None
+        )
         self._settle_first = settle_first or board is not None
         self._direct_port = direct_port
         self._doors_open = False
@@ -100,6 +108,7 @@ class Server:
             doors = [self.http.stop(grace), *([self.grpc.stop(grace)] if self.grpc is not None else [])]
             await asyncio.gather(*doors)
         await self.runtime.close()
+        self.inflater.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")
 
     async def serve(

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
 import grpc
@@ -47,7 +47,7 @@ class GrpcDoor:
 
     def __init__(
         self, settings: Settings, servicer: InferenceServicer, settled: Callable[[], Awaitable[None]],
-        tls: ServerTls | None = None,
+        tls: ServerTls | None = None, inflater: Executor | None = None,
     ) -> None:  # fmt: skip
         self._settings = settings
         self._tls = tls
@@ -66,8 +66,7 @@ class GrpcDoor:
         self._connections: set[GrpcConnection] = set()
         self._server: asyncio.Server | None = None
         self._serving: asyncio.Task[None] | None = None
-        # Compressed messages inflate here, one at a time: a gzip bomb costs a thread's time, not the loop's.
-        self._inflater = ThreadPoolExecutor(1, thread_name_prefix="grpc-inflate")
+        self._inflater = inflater  # where compressed messages inflate (the server's one thread for both doors)
 
     @property
     def handlers(self) -> dict[bytes, Any]:
@@ -116,7 +115,6 @@ class GrpcDoor:
             self._serving.cancel()
         await self._health.enter_graceful_shutdown()
         if self._server is None:
-            self._inflater.shutdown(wait=False)
             return
         self._server.close()
         for connection in list(self._connections):
@@ -133,4 +131,3 @@ class GrpcDoor:
                 await asyncio.sleep(0.1)  # the cancelled handlers answer UNAVAILABLE
         for connection in list(self._connections):
             connection.close()
-        self._inflater.shutdown(wait=False, cancel_futures=True)

@@ -17,6 +17,7 @@ from layerserve.errors import BadRequestError, ClientClosedError, PayloadTooLarg
 from layerserve.features.images import IMAGE_MEDIA_TYPES
 from layerserve.protocols.v2 import load_json_object
 from layerserve.transports.http.cycle import header_value
+from layerserve.transports.http.services import services
 from layerserve.transports.policy import Refusal
 
 _MAX_FORM_FILES = 256
@@ -47,7 +48,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     inflation = _Inflation(raw, _WBITS[encoding], encoding, limit)
     if not inflation.run(_INLINE_BYTES):
         # Off the event loop (zlib releases the GIL): a small bomb inflates to the limit in hundreds of milliseconds.
-        await asyncio.get_running_loop().run_in_executor(None, inflation.run, limit + 1)
+        await asyncio.get_running_loop().run_in_executor(services(request).inflater, inflation.run, limit + 1)
     parts = inflation.parts
     return parts[0] if len(parts) == 1 else b"".join(parts)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -15,7 +16,8 @@ from layerserve.training.jobs import JobRunner
 
 @dataclass(frozen=True)
 class HttpServices:
-    """The data and control planes, the settings, readiness, the metrics' text and the job runner."""
+    """The data and control planes, the settings, readiness, the metrics' text, the job runner, and the thread
+    compressed bodies inflate on."""
 
     data: DataPlane
     control: ControlPlane
@@ -24,6 +26,7 @@ class HttpServices:
     readiness: Callable[[], Awaitable[bool]]
     exposition: Callable[[], Awaitable[bytes]]
     jobs: Callable[[], JobRunner]
+    inflater: Executor | None = None  # None: the loop's default executor
 
 
 def services(request: Request) -> HttpServices:
