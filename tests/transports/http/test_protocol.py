@@ -638,6 +638,42 @@ async def test_no_request_starts_while_the_client_leaves_its_answers_unread() ->
     assert transport.aborted
 
 
+async def test_an_answer_sent_in_pieces_to_a_client_that_never_reads_is_dropped_after_the_keep_alive_timeout() -> None:
+    sent: list[bytes] = []
+
+    async def pieces_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for _ in range(3):
+            await send({"type": "http.response.body", "body": b"x" * 1000, "more_body": True})
+            sent.append(b"x")
+        await send({"type": "http.response.body", "body": b""})
+
+    connection = _connection(pieces_app, keep_alive_timeout_s=10)
+    protocol, transport = connection.protocol, connection.transport
+    write, writelines = transport.write, transport.writelines
+
+    def fills(data: bytes) -> None:  # the client reads nothing: every piece fills the transport's buffer
+        write(data)
+        protocol.pause_writing()
+
+    def fills_lines(chunks: Any) -> None:
+        writelines(chunks)
+        protocol.pause_writing()
+
+    transport.write, transport.writelines = fills, fills_lines  # type: ignore[method-assign]
+    connection.send(_REQUEST)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(sent) == 1 and not transport.aborted  # the second piece waits for the client to read
+    connection.loop.advance(9.9)
+    assert not transport.aborted
+    connection.loop.advance(0.2)  # none of it read for the keep-alive timeout: dropped
+    assert transport.aborted
+    protocol.connection_lost(None)  # as the transport then says: the app's writer goes on, and its task ends
+    await connection.settle()
+    assert not connection.state.tasks
+
+
 async def test_a_pipelined_request_read_whole_keeps_what_came_before_it_started() -> None:
     connection = _connection(echo_app)
     first = b"POST /1 HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\na"

@@ -471,9 +471,20 @@ class HttpProtocol(asyncio.Protocol):
         return self._writable is not None
 
     async def drain(self) -> None:
-        """Wait while the transport's write buffer is over its high-water mark."""
-        if self._writable is not None:
-            await asyncio.shield(self._writable)
+        """Wait while the transport's write buffer is over its high-water mark; a client that takes none of it for
+        the keep-alive timeout is dropped (an answer sent in pieces cannot hold its connection for ever)."""
+        writable = self._writable
+        if writable is None:
+            return
+        timer = self._loop.call_later(self._keep_alive_s, self._drop_unread, writable)
+        try:
+            await asyncio.shield(writable)
+        finally:
+            timer.cancel()
+
+    def _drop_unread(self, writable: asyncio.Future[None]) -> None:
+        if not writable.done():
+            self.transport.abort()  # its connection_lost wakes the writer
 
     # Limits and refusals.
 
