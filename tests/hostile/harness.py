@@ -59,7 +59,6 @@ class HostileServer:
         repository: Path,
         cache: Path,
         authority: Authority | None,
-        tls_files: list[str],
         flags: Sequence[str] = (),
     ) -> None:
         self.repository = repository
@@ -68,7 +67,7 @@ class HostileServer:
         self.log = server_log(repository)
         self.process = start_server_process(
             repository, cache, self.http_port, "--grpc-port", str(self.grpc_port), "--reload-interval-s", "0",
-            "--log-level", "info", *tls_files, *flags,
+            "--log-level", "info", *flags,
         )  # fmt: skip
         scheme = "https" if authority else "http"
         self.url = f"{scheme}://127.0.0.1:{self.http_port}"

@@ -4,6 +4,7 @@ and TLS crossed; renewed certificates; files refused at start."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import ssl
@@ -23,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from layerserve.cli import main
+from layerserve.errors import ConfigError
 from layerserve.settings import Settings
 from layerserve.transports.tls import build_context, door_tls
 from tests.live_server import (
@@ -298,6 +300,18 @@ def test_serve_refuses_tls_files_that_cannot_serve_naming_them(
     error = _serve_exit(capsys, tls_repository, "--tls-cert-file", str(server.cert), "--tls-key-file", str(server.key),
                         "--tls-client-ca-file", str(tmp_path))  # fmt: skip
     assert str(tmp_path) in error and "not a file" in error
+
+
+def test_a_file_the_server_cannot_read_is_refused_naming_it(
+    authority: Authority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    issued = authority.issue(tmp_path, "server")
+    files = door_tls(Settings(tls_cert_file=issued.cert, tls_key_file=issued.key), "http")
+    assert files is not None
+    # The suite runs as root, which reads any file: the permission check is what a user without the right meets.
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != issued.key)
+    with pytest.raises(ConfigError, match=f"TLS key file {issued.key}: not readable by this process"):
+        build_context(files)
 
 
 def test_an_encrypted_key_serves_with_its_password(authority: Authority, tmp_path: Path) -> None:
