@@ -38,6 +38,7 @@ from layerserve.settings import ModelConfig, check_config_override
 log = logging.getLogger(__name__)
 
 NOT_LOADED = "not loaded (on demand)"
+UNLOADED = "unloaded (on demand: a request loads it again)"
 EVICTED = "unloaded to make room under the memory budget (on demand: a request loads it again)"
 
 
@@ -154,7 +155,8 @@ class Reloader:
             await self._sync(name, wait_for_copies=False)
 
     async def unload_model(self, name: str) -> None:
-        """Unload every version of a model; polling leaves it unloaded until it is loaded again.
+        """Unload every version of a model; polling leaves it unloaded until it is loaded again. Under a memory
+        budget its versions are listed instead, and a request loads them again.
 
         Raises:
             NotFoundError: the model is not in the registry.
@@ -162,8 +164,13 @@ class Reloader:
         check_model_name(name)
         async with self._lock:
             entry = self._registry.entry(name)
-            entry.is_unloaded = True
-            self._retire_all(entry)
+            if self.budget is None:
+                entry.is_unloaded = True
+                self._retire_all(entry)
+                return
+            for number, version in list(entry.versions.items()):
+                if not version.is_listed:
+                    self._list(entry, number, version.path, version.fingerprint, UNLOADED)
 
     async def apply(self, name: str, number: int) -> ModelVersion:
         """Pin a version as the active one (loading it first if the policy did not), persisted in the repository.
