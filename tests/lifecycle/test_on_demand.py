@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from corpora import rotten_tomatoes
 from layerserve.settings import Settings
 from tests.live_server import (
     LiveServer,
@@ -32,6 +33,8 @@ from tests.live_server import (
     wait_until,
 )
 from tests.models import load_reference, save_model
+from tests.training.test_jobs import wait_for
+from tests.training.test_tokenizer import reference_scores
 
 MB = 1 << 20
 SMALL = [f"small{i}" for i in range(6)]  # ~1 MB each
@@ -326,3 +329,46 @@ def test_the_budget_holds_in_the_workers_real_memory(tmp_path: Path, rng: np.ran
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_a_trained_model_is_listed_and_loaded_by_its_first_request(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    repository.mkdir()
+    live = start_server(budget_settings(repository, tmp_path / "cache", 64 * MB))
+    try:
+        texts, labels = rotten_tomatoes(600)
+        body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 2}}
+        started = httpx.post(f"{live.url}/v2/models/reviews/train", json=body, timeout=30)
+        assert started.status_code == 202, started.text
+        job = wait_for(live.url, started.json()["job_id"], {"succeeded", "failed"})
+        assert job["state"] == "succeeded", job["error"]
+        assert states(live)["reviews"] == ("UNAVAILABLE", "not loaded (on demand)")
+        sample = ["a wonderful film", "a dull and tedious mess"]
+        answer = httpx.post(f"{live.url}/v1/models/reviews:predict", json={"instances": sample}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        expected = reference_scores(repository / "reviews" / "1", sample)
+        np.testing.assert_allclose(np.array(answer.json()["predictions"]), expected, atol=1e-5)
+        assert states(live)["reviews"][0] == "READY"
+    finally:
+        live.stop()
+
+
+def test_a_layer_output_loads_its_version_and_its_cut_counts_in_its_memory(
+    budget_server: LiveServer, budget_repository: Path, rng: np.random.Generator
+) -> None:
+    rows = rng.normal(size=(2, 32)).astype(np.float32)
+    body = {**infer_body(rows), "outputs": [{"name": "hidden"}]}
+    answer = httpx.post(f"{budget_server.url}/v2/models/small2/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    reference = load_reference(budget_repository, "small2", 1)
+    layer = keras.Model(reference.inputs, reference.get_layer("hidden").output)
+    expected = layer.predict(rows, verbose=0)
+    np.testing.assert_allclose(np.array(answer.json()["outputs"][0]["data"]).reshape(2, 512), expected, atol=1e-4)
+
+    def cuts_bytes() -> int:
+        memory = httpx.get(f"{budget_server.url}/v2/models/small2", timeout=10).json()["memory"]
+        return int(memory["cuts_bytes"])
+
+    wait_until(lambda: cuts_bytes() > 0, "the cut's graph counted in the version's memory")
+    memory = httpx.get(f"{budget_server.url}/v2/models/small2", timeout=10).json()["memory"]
+    assert memory["total_bytes"] >= memory["server_bytes"] + memory["cuts_bytes"]
