@@ -47,12 +47,12 @@ const COLUMNS = ["Model", "State", "Versions", "Engine", "Input", "Batching", "R
 const NUMERIC = new Set(["Req/s", "p50", "Cache hits", "Memory", "Last use"]);
 
 // What a model's versions take (resident bytes of the loaded ones; null if none is), and their last use.
-export function modelMemory(model) {
+function modelMemory(model) {
   const loaded = model.versions.filter((v) => v.memory?.total_bytes !== undefined);
   return loaded.length ? loaded.reduce((sum, v) => sum + v.memory.total_bytes, 0) : null;
 }
 
-export function modelLastUsed(model) {
+function modelLastUsed(model) {
   const times = model.versions.map((v) => v.last_used).filter((t) => t !== null && t !== undefined);
   return times.length ? Math.max(...times) : null;
 }
@@ -281,7 +281,8 @@ export function mount(view, context) {
     const text = filter.value.trim().toLowerCase();
     const shown = doc.models.filter((m) => (!text || m.name.toLowerCase().includes(text)) &&
       (!stateFilter.value || modelState(m) === stateFilter.value));
-    shownCount.textContent = shown.length === doc.models.length ? "" : `${shown.length} of ${doc.models.length} shown`;
+    shownCount.textContent = shown.length === doc.models.length ? ""
+      : `${shown.length.toLocaleString("en")} of ${doc.models.length.toLocaleString("en")} shown`;
     replace(budget, budgetLine(doc));
     if (table.firstChild !== models.table) replace(table, models.table);
     models.update(context, shown);
