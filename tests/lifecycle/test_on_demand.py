@@ -218,6 +218,12 @@ def test_metadata_and_grpc_load_a_listed_model(
     expected = load_reference(budget_repository, "small4", 1).predict(rows, verbose=0)
     np.testing.assert_allclose(answer, expected, atol=1e-4)
     assert not client.is_model_ready("small5")  # readiness never loads
+    status = httpx.get(f"{budget_server.url}/v1/models/small5", timeout=10)
+    assert status.status_code == 200
+    assert status.json()["model_version_status"][0]["state"] == "START"  # TF Serving's: tracked, not loaded
+    predicted = httpx.post(f"{budget_server.url}/v1/models/small5:predict", json={"instances": rows.tolist()}).json()
+    expected = load_reference(budget_repository, "small5", 1).predict(rows, verbose=0)
+    np.testing.assert_allclose(np.array(predicted["predictions"]), expected, atol=1e-4)
 
 
 def test_load_counts_against_the_budget_and_unload_frees(budget_server: LiveServer) -> None:
