@@ -41,12 +41,12 @@ MB = 1 << 20
 SMALL = [f"small{i}" for i in range(6)]  # ~1 MB each
 
 
-def build_small(seed: int) -> keras.Model:
-    """32 floats -> 4 scores through a 512-wide layer: about 1 MB of weights, each seed its own."""
+def build_small(seed: int, width: int = 512) -> keras.Model:
+    """32 floats -> 4 scores through two `width`-wide layers (512: about 1 MB of weights), each seed its own."""
     keras.utils.set_random_seed(seed)
     x = keras.Input((32,), name="x")
-    h = keras.layers.Dense(512, activation="relu", name="hidden")(x)
-    h = keras.layers.Dense(512, activation="relu", name="hidden2")(h)
+    h = keras.layers.Dense(width, activation="relu", name="hidden")(x)
+    h = keras.layers.Dense(width, activation="relu", name="hidden2")(h)
     return keras.Model(x, keras.layers.Dense(4, name="scores")(h), name=f"small{seed}")
 
 
@@ -280,15 +280,6 @@ def test_layerserve_models_says_what_each_version_needs_of_the_budget(budget_rep
     assert "of the 9.0 MB model_memory_budget" in small and "LARGER" not in small
 
 
-def build_wide(seed: int) -> keras.Model:
-    """32 floats -> 4 scores through two 1024-wide layers: about 4.3 MB of weights, each seed its own."""
-    keras.utils.set_random_seed(seed)
-    x = keras.Input((32,), name="x")
-    h = keras.layers.Dense(1024, activation="relu", name="hidden")(x)
-    h = keras.layers.Dense(1024, activation="relu", name="hidden2")(h)
-    return keras.Model(x, keras.layers.Dense(4, name="scores")(h), name=f"wide{seed}")
-
-
 def resident_bytes(pid: int) -> int:
     """A process's resident memory, from /proc."""
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -301,7 +292,7 @@ def test_the_budget_holds_in_the_workers_real_memory(tmp_path: Path, rng: np.ran
     repository, cache = tmp_path / "models", tmp_path / "cache"
     names = [f"wide{seed}" for seed in range(12)]
     for seed, name in enumerate(names):
-        save_model(build_wide(seed), repository / name / "1", "model.keras")
+        save_model(build_small(seed, 1024), repository / name / "1", "model.keras")  # ~4.3 MB
     start_server(Settings(model_repository=repository, engine_cache_dir=cache, reload_interval_s=0)).stop()
     port = free_port()
     process = start_server_process(repository, cache, port, "--model-memory-budget", "20MB")
