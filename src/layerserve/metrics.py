@@ -63,7 +63,7 @@ MODEL_LOAD_SECONDS = Gauge(
     "layerserve_model_load_seconds", "Seconds the last load of a version took.", _LABELS, multiprocess_mode="max"
 )
 MODEL_STATE = Gauge(
-    "layerserve_model_state", "1 for a version's state (LOADING, READY, FAILED; none for one not loaded), per process.",
+    "layerserve_model_state", "1 for a version's state (LOADING, READY, FAILED; 0 for all once unloaded), per process.",
     ("model", "version", "state"), multiprocess_mode="liveall",
 )  # fmt: skip
 VERSION_MEMORY_BYTES = Gauge(
@@ -124,13 +124,8 @@ def count_in_flight(counter: Any) -> None:
 
 
 def set_model_state(name: str, version: int, state: str) -> None:
-    """Record a version's state for /metrics; a version not loaded (UNAVAILABLE: on demand) has no series, so that
-    a thousand listed models do not make four thousand."""
-    if state == "UNAVAILABLE":
-        for known in _STATES:
-            with contextlib.suppress(KeyError):
-                MODEL_STATE.remove(name, str(version), known)
-        return
+    """Record a version's state for /metrics (UNAVAILABLE, listed and not loaded: 0 for every state; a version
+    never loaded has no series at all, so that a thousand listed models do not make thousands)."""
     for known in _STATES:
         MODEL_STATE.labels(name, str(version), known).set(1.0 if known == state else 0.0)
 

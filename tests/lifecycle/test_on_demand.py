@@ -290,27 +290,30 @@ def test_the_budget_holds_in_the_workers_real_memory(tmp_path: Path, rng: np.ran
     """What the versions' own figures count is what the serving process's resident memory shows: the figures of
     the loaded versions match its growth, and loading three times the budget keeps it within the budget."""
     repository, cache = tmp_path / "models", tmp_path / "cache"
-    names = [f"wide{seed}" for seed in range(12)]
+    names = [f"wide{seed}" for seed in range(16)]
     for seed, name in enumerate(names):
         save_model(build_small(seed, 1024), repository / name / "1", "model.keras")  # ~4.3 MB
     start_server(Settings(model_repository=repository, engine_cache_dir=cache, reload_interval_s=0)).stop()
     port = free_port()
-    process = start_server_process(repository, cache, port, "--model-memory-budget", "20MB")
+    process = start_server_process(repository, cache, port, "--model-memory-budget", "48MB")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_process_ready(url, process, server_log(repository))
         rows = rng.normal(size=(1, 32)).astype(np.float32)
         with httpx.Client(base_url=url, timeout=60) as client:
-            client.post(f"/v2/models/{names[0]}/infer", json=infer_body(rows)).raise_for_status()
+            # An unload closes its version and gives the heap's free pages back (malloc_trim), so that a load's
+            # transient memory is gone when measured, as it is once loads and unloads take turns.
+            client.post(f"/v2/models/{names[0]}/infer", json=infer_body(rows)).raise_for_status()  # ORT starts
+            client.post(f"/v2/repository/models/{names[0]}/unload").raise_for_status()
             time.sleep(1)
-            base = resident_bytes(process.pid) - client.get(f"/v2/models/{names[0]}").json()["memory"]["total_bytes"]
-            figures = []
-            for name in names[1:4]:  # about 17 MB: within the budget, nothing unloaded
+            base = resident_bytes(process.pid)
+            for name in names[1:10]:  # about 43 MB: within the budget, nothing unloaded
                 client.post(f"/v2/models/{name}/infer", json=infer_body(rows)).raise_for_status()
-            for name in names[:4]:
-                figures.append(client.get(f"/v2/models/{name}").json()["memory"]["total_bytes"])
+            client.post(f"/v2/repository/models/{names[9]}/unload").raise_for_status()
+            time.sleep(1)
+            figures = [client.get(f"/v2/models/{name}").json()["memory"]["total_bytes"] for name in names[1:9]]
             growth = resident_bytes(process.pid) - base
-            assert abs(growth - sum(figures)) <= 0.35 * sum(figures), (growth, figures)
+            assert abs(growth - sum(figures)) <= 0.3 * sum(figures), (growth, figures)
             peak = 0
             for _ in range(3):
                 for name in names:
@@ -319,13 +322,14 @@ def test_the_budget_holds_in_the_workers_real_memory(tmp_path: Path, rng: np.ran
             evicted = metric_sample(url, "layerserve_model_evictions_total")
             assert evicted >= 2 * len(names)
             # Unloaded versions are closed and their memory given back before the next load: once loads stop, the
-            # process holds the budget. While a version opens, ONNX Runtime briefly holds its graph a few times over.
+            # process holds the budget. While a version opens, ONNX Runtime briefly holds its graph several times
+            # over (the file, the parsed graph, its weights), until the heap is trimmed after the load.
             time.sleep(1)
-            assert resident_bytes(process.pid) - base <= 20 * MB + 4 * MB
+            assert resident_bytes(process.pid) - base <= 48 * MB + 8 * MB
+            largest = max((repository / name / "1" / "model.keras").stat().st_size for name in names)
+            assert peak <= 48 * MB + 8 * largest, peak / MB
             # A cold start with the export cache warm opens a session: TensorFlow is never imported for it.
             assert "libtensorflow" not in Path(f"/proc/{process.pid}/maps").read_text()
-            largest = max((repository / name / "1" / "model.keras").stat().st_size for name in names)
-            assert peak <= 20 * MB + 5 * largest, peak / MB
     finally:
         process.terminate()
         process.wait(timeout=30)

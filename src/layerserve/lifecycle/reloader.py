@@ -30,6 +30,7 @@ from layerserve.metrics import (
     hold_version_series,
     release_version_series,
     set_model_state,
+    set_version_memory,
 )
 from layerserve.serving.registry import ModelEntry, ModelRegistry
 from layerserve.serving.version import ModelVersion, VersionState
@@ -433,6 +434,7 @@ class Reloader:
                 f"({megabytes(budget.limit)}): raise the budget, or serve it elsewhere"
             ), []
         residents = [resident for resident in self._residents() if resident.version is not current]
+        need += self._idle_processes_bytes(need, residents)
         try:
             victims = budget.make_room(need, residents, f"model '{new.name}' version {new.version}")
         except BudgetFullError as error:
@@ -450,14 +452,33 @@ class Reloader:
         budget = self.budget
         if budget is None:
             return
+        # A load frees as much again as it keeps (the file, the parsed graph): given back now, off the loop, not at
+        # the next unload's trim, so that what stays resident is what the budget counts.
+        asyncio.get_running_loop().run_in_executor(None, trim_heap)
         taken = new.memory()["total_bytes"]
         budget.record(new, taken)
         others = [resident for resident in self._residents() if resident.version is not new]
+        taken += self._idle_processes_bytes(taken, others)
         try:
             for victim in budget.make_room(taken, others, f"model '{new.name}' version {new.version}"):
                 self._evict(victim)
         except BudgetFullError as error:
             log.warning("over the memory budget after a load: %s", error.message)
+
+    def _idle_processes_bytes(self, need: int, residents: list[Resident]) -> int:
+        """The memory of the engine processes kept without a session (for the next big version), which counts
+        against the budget: stopped first when `need` would not fit beside them (the cheapest room), else theirs."""
+        pool = self._registry.engine_processes
+        idle = pool.idle_bytes()
+        if (
+            idle
+            and sum(resident.bytes for resident in residents) + idle + need
+            > self._registry.settings.model_memory_budget
+        ):
+            pool.stop_idle()
+            log.info("engine processes without a session stopped to make room (memory budget)")
+            return 0
+        return idle
 
     def _residents(self) -> list[Resident]:
         """What takes memory now, each version marked kept when it is kept loaded or requests wait for it."""
@@ -478,10 +499,11 @@ class Reloader:
         name = entry.spec.name
         current = entry.versions.get(number)
         entry.versions[number] = ModelVersion.listed(name, number, path, entry.spec.config, stamp, reason)
-        set_model_state(name, number, VersionState.UNAVAILABLE)
         if current is None:
             hold_version_series(name, number)
             return None
+        set_model_state(name, number, VersionState.UNAVAILABLE)
+        set_version_memory(name, number, {})  # it holds none now (zeros: workers' metric files cannot drop a series)
         return self._retire(current)
 
     def _evict(self, version: ModelVersion) -> asyncio.Task[None]:
@@ -507,6 +529,8 @@ class Reloader:
         """Close a version that left the registry once the requests holding it are answered (the task that does)."""
 
         async def retire() -> None:
+            if version.is_listed:
+                return  # never loaded: nothing to close
             await version.drain()
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, version.close)

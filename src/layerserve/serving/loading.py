@@ -16,7 +16,7 @@ from pathlib import Path
 from layerserve.engines.base import Engine, EngineKind, Verdict, onnx_cache_path, probe_batch
 from layerserve.engines.choice import choose_engine
 from layerserve.engines.keras import KerasEngine
-from layerserve.engines.onnx import OnnxEngine, start_runtime
+from layerserve.engines.onnx import OnnxEngine
 from layerserve.engines.onnx_subgraph import TensorPlace
 from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.engines.process.usage import heap_bytes
@@ -84,7 +84,6 @@ def load_version(
     Raises:
         LayerserveError: the version cannot be served (the message says why); any other error is a bug.
     """
-    start_runtime()  # before the measurement: its one-time cost is no version's
     heap_before = heap_bytes()
     model_file = find_model_file(folder)
     source = ModelSource(model_file, processes.digest(model_file), settings.trust_models)

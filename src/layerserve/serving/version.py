@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from layerserve.engines.base import Engine
+from layerserve.engines.onnx import start_runtime
 from layerserve.engines.process.pool import EngineProcessPool
+from layerserve.engines.process.usage import heap_bytes
 from layerserve.errors import LayerserveError, NotReadyError
 from layerserve.features.cache import FeatureCache
 from layerserve.features.images import ImageDecoder, ImageSpec
@@ -136,11 +138,12 @@ class ModelVersion:
         set_model_state(self.name, self.version, self.state)
 
     def _load(self, settings: Settings, exporter: Executor, preparer: Preparer, processes: EngineProcessPool) -> None:
+        start_runtime()  # before the measurement: its one-time cost is no version's
+        heap_before = heap_bytes()
         loaded = load_version(self.name, self.path, self.config, settings, exporter, preparer, processes)
         self.signature, self.graph, self.layer_count = loaded.signature, loaded.graph, loaded.layer_count
         self.codec, self.checks, self.cuts = loaded.codec, loaded.checks, loaded.cuts
         self.engine_reason, self._model_digest, self._plan = loaded.engine_reason, loaded.model_digest, loaded.plan
-        self._server_bytes = loaded.server_bytes
         self._router = VersionRouter(loaded.engine, loaded.cuts, loaded.graph, self._fail)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.name}-{self.version}")
         router, inline = self._router, loaded.plan.inline
@@ -150,6 +153,8 @@ class ModelVersion:
             run_async=(router.run_async, router.sends_from_loop), index_check=loaded.checks.index_check,
             lanes=router.lanes,
         )  # fmt: skip
+        # What this load allocated here, its batchers and model thread included (at least its graph's size).
+        self._server_bytes = max(loaded.server_bytes, heap_bytes() - heap_before)
 
     @property
     def engine(self) -> Engine | None:
@@ -365,3 +370,4 @@ class ModelVersion:
         self._router = None
         if self._batchers is not None:
             self._batchers.clear()
+            self._batchers = None  # its calls hold the router, which holds this version: no cycle left to collect

@@ -238,6 +238,12 @@ class EngineProcessPool:
         for host in idle:
             host.stop()
 
+    def idle_bytes(self) -> int:
+        """Resident memory of the processes kept without a session."""
+        with self._lock:
+            idle = list(self._idle)
+        return sum(host.resident_bytes() for host in idle)
+
     @property
     def idle_count(self) -> int:
         """Processes kept without a session."""
