@@ -82,6 +82,14 @@ def test_a_request_naming_no_model_is_spread_as_ray_spreads_it() -> None:
     assert ranks("", REPLICAS, [], ["r2"]) == [["replica 2"]]  # e.g. the router's own node first
 
 
+def test_two_candidates_come_in_either_order() -> None:
+    # Ray's router takes the first of two equally busy replicas: a fixed order would send a quiet load to one.
+    firsts = Counter(ranks("", REPLICAS, [], ["r1", "r2"])[0][0] for _ in range(200))
+    assert set(firsts) == {"replica 1", "replica 2"}
+    held = Counter(ranks("m", REPLICAS, ["r1", "r2"], ["r3"])[0][0] for _ in range(200))
+    assert set(held) == {"replica 1", "replica 2"}
+
+
 def test_a_model_every_replica_holds_is_spread_as_before() -> None:
     assert ranks("m", REPLICAS, ["r1", "r2", "r3"], ["r3"]) == [["replica 3"]]
 

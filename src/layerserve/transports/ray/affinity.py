@@ -63,8 +63,9 @@ def _score(model: str, replica: str) -> int:
 
 
 def _two(replicas: list[Replica]) -> list[Replica]:
-    """Two of them at random (the router takes the less busy), as Ray Serve's power of two choices."""
-    return replicas if len(replicas) <= 2 else random.sample(replicas, 2)
+    """Two of them at random, in random order, as Ray Serve's power of two choices: the router takes the less busy,
+    and of two equally busy the first (in a fixed order, one replica would take every request of a quiet load)."""
+    return random.sample(replicas, min(2, len(replicas)))
 
 
 def ranks(
