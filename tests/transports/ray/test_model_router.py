@@ -2,12 +2,14 @@
 replicas, and a group of two): the requests for one model that no replica holds all reach the same replica (its
 owner), through the proxy and through a group's handle alike, and models spread over both replicas; a model both
 replicas hold is spread over both as before. Under a memory budget per replica, requests spread over many models
-load fewer models per request than Ray Serve's own routing, with no failed request."""
+load fewer models per request than Ray Serve's own routing, with no failed request, even with a replica killed."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
+import signal
 import threading
 import time
 from collections import Counter, defaultdict
@@ -19,7 +21,7 @@ import keras
 import pytest
 
 from layerserve.settings import Settings
-from layerserve.transports.ray.deployment import RayOptions, build_app
+from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
 from layerserve.transports.ray.launch import wait_ready
 from layerserve.transports.ray.replica import REPLICA_HEADER
 from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
@@ -136,6 +138,14 @@ def test_a_model_no_replica_holds_goes_to_one_replica_and_models_spread(
 _BUDGET = 32_000_000
 
 
+def _replica_pids() -> list[int]:
+    """The pids of the ingress deployment's live replicas."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+    return [a.pid for a in actors if a.class_name == f"ServeReplica:layerserve:{DEPLOYMENT_NAME}"]
+
+
 def _loads(client: httpx.Client) -> float:
     """Versions loaded by every replica so far: /metrics sums them, from what each replica posts every second, so
     read until two readings a post apart agree."""
@@ -148,9 +158,11 @@ def _loads(client: httpx.Client) -> float:
     return readings[-1]
 
 
-def _spread_load(url: str, requests: int, seed: int) -> tuple[Counter[int], dict[str, Counter[str]]]:
-    """`requests` inferences of the wide models, each a model at random, from 4 closed-loop clients: the statuses
-    (0: a client error) and, by model, the replicas that answered."""
+def _spread_load(
+    url: str, requests: int, seed: int, fault: Callable[[], None] | None = None
+) -> tuple[Counter[int], dict[str, Counter[str]]]:
+    """`requests` inferences of the wide models, each a model at random, from 4 closed-loop clients (`fault` done
+    once a quarter of them are sent): the statuses (0: a client error) and, by model, the replicas that answered."""
     rng = random.Random(seed)
     models = [f"w{rng.randrange(_WIDE):02d}" for _ in range(requests)]
     body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}]}
@@ -165,6 +177,8 @@ def _spread_load(url: str, requests: int, seed: int) -> tuple[Counter[int], dict
                     if not models:
                         return
                     model = models.pop()
+                    if fault is not None and len(models) == requests * 3 // 4:
+                        fault()
                 try:
                     answer = http.post(f"/v2/models/{model}/infer", json=body)
                 except httpx.HTTPError:
@@ -198,5 +212,9 @@ def test_under_a_budget_affinity_loads_fewer_models_per_request(
         if affinity:  # each model's requests went to one replica, and the models to both
             assert all(max(by.values()) >= 0.9 * sum(by.values()) for by in answered.values()), answered
             assert len({by.most_common(1)[0][0] for by in answered.values()}) == 2, answered
+            # A replica killed under load: its models go to the other (which loads them), no request fails.
+            kill = functools.partial(os.kill, _replica_pids()[0], signal.SIGKILL)
+            lost, _ = _spread_load(url, 360, seed=3, fault=kill)
+            assert set(lost) == {200}, lost
     print(f"loads per request: Ray's own routing {per_request[False]:.3f}, model affinity {per_request[True]:.3f}")
     assert per_request[True] < per_request[False], per_request
