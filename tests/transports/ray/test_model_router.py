@@ -133,8 +133,8 @@ def test_a_model_no_replica_holds_goes_to_one_replica_and_models_spread(
 
 
 # Per replica, about 15 of the 24 wide models, and room to spare for 4 requests in flight and a load (a load not
-# measured before is expected to take 6 MB: its file twice, and 2 MB; a replica's first load measures 11 MB). Ray's
-# own routing sends every model to both replicas, which then hold 15 of 24 each; affinity, 12 or so.
+# measured before is expected to take 6 MB: its file twice, and 2 MB). Ray's own routing sends every model to both
+# replicas, which then hold 15 of 24 each; affinity 12 or so to each (as rendezvous hashing splits them).
 _BUDGET = 32_000_000
 
 
