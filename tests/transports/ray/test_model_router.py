@@ -1,8 +1,9 @@
 """ModelAffinityRouter on a real Ray cluster started here (a head with no CPUs, two nodes of one CPU; two ingress
 replicas, and a group of two): the requests for one model that no replica holds all reach the same replica (its
-owner), through the proxy and through a group's handle alike, and models spread over both replicas; a model both
-replicas hold is spread over both as before. Under a memory budget per replica, requests spread over many models
-load fewer models per request than Ray Serve's own routing, with no failed request, even with a replica killed."""
+owner), through the HTTP proxy (and the gRPC proxy, named in the metadata) and through a group's handle alike, and
+models spread over both replicas; a model both replicas hold is spread over both as before. Under a memory budget
+per replica, requests spread over many models load fewer models per request than Ray Serve's own routing, with no
+failed request, even with a replica killed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 
 from layerserve.settings import Settings
 from layerserve.transports.ray.deployment import DEPLOYMENT_NAME, RayOptions, build_app
+from layerserve.transports.ray.grpc_ingress import SERVICER_FUNCTION
 from layerserve.transports.ray.launch import wait_ready
 from layerserve.transports.ray.replica import REPLICA_HEADER
 from layerserve.transports.ray.retry import PROXY_CALLBACK, PROXY_CALLBACK_VARIABLE
@@ -33,6 +35,7 @@ pytestmark = pytest.mark.slow
 
 _PREFER_LOCAL = "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"
 _WIDE = 24  # models under a budget
+GRPC: dict[str, str] = {}  # the gRPC proxy's address by URL
 Deploy = Callable[[Settings, RayOptions], str]
 
 
@@ -62,7 +65,8 @@ def wide_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def deploy() -> Iterator[Deploy]:
-    """Serves an application (replacing the one before) on a cluster of two one-CPU nodes; returns its URL."""
+    """Serves an application (replacing the one before) on a cluster of two one-CPU nodes; returns its URL (its
+    gRPC proxy's address: GRPC[url])."""
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
@@ -76,11 +80,13 @@ def deploy() -> Iterator[Deploy]:
     ray.init(address=cluster.address, logging_level="warning")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    GRPC[url] = f"127.0.0.1:{free_port()}"
+    grpc = {"port": int(GRPC[url].rsplit(":", 1)[1]), "grpc_servicer_functions": [SERVICER_FUNCTION]}
 
     def run(settings: Settings, options: RayOptions) -> str:
         # Serve starts afresh each time: a proxy keeps the request router it made for a deployment.
         serve.shutdown()
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port}, grpc_options=grpc)
         serve.run(build_app(settings, options), name="layerserve", route_prefix="/", blocking=False)
         wait_ready(url, 300)
         return url
@@ -130,6 +136,29 @@ def test_a_model_no_replica_holds_goes_to_one_replica_and_models_spread(
         assert len(owners["ingress"]) == 2 and len(owners["group"]) == 2, owners  # and they spread
         assert len(_answered_by(client, "m00", 30)) == 2  # both hold it: spread as before
         assert len(_answered_by(client, "g0", 30)) == 2
+    # gRPC through Ray's proxy: a call that names its model in the metadata `multiplexed_model_id` (Ray's proxy
+    # takes no middleware to read it from the message)
+    rpc_owners = {_rpc_answered_by(GRPC[url], f"{prefix}nobody-{i}") for prefix in ("", "g-") for i in range(16)}
+    assert len(rpc_owners) == 4, rpc_owners  # each name one replica; both of the ingress and both of the group
+
+
+def _rpc_answered_by(address: str, model: str) -> str:
+    """The one replica that answered 4 ModelReady calls for `model` naming it in their metadata."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+
+    replicas = set()
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(4):
+            answer, call = stub.ModelReady.with_call(
+                pb.ModelReadyRequest(name=model), metadata=[("multiplexed_model_id", model)]
+            )
+            assert not answer.ready
+            replicas.update(value for key, value in call.trailing_metadata() if key == REPLICA_HEADER)
+    assert len(replicas) == 1, (model, replicas)
+    return replicas.pop()
 
 
 # Per replica, about 15 of the 24 wide models, and room to spare for 4 requests in flight and a load (a load not
