@@ -39,7 +39,8 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
     every model of `settings.model_repository` that is in no group, with the whole HTTP API and, through Ray
     Serve's gRPC proxy, GRPCInferenceService (see build_replica, grpc_ingress.py), and on `direct_port` too
     when set (served by each replica itself); each group's deployment serves its models, the ingress handing it
-    their requests (group_router.py); a board keeps them in step.
+    their requests (group_router.py); a board keeps them in step. With `options.model_affinity`, the requests for a
+    model go to a replica that holds it (affinity.py, model_router.py).
 
     The repository must be a path every node sees (shared storage); each replica loads its models itself.
     """
