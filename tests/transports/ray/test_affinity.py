@@ -1,6 +1,7 @@
 """Model affinity's parts without Ray: NameModel names a request's model for the proxy's router, a replica's
 routing stats list the models it holds, every router agrees on a model's owner (and owners spread models over the
-replicas, and a replica gone moves only its own), and the ranks try holders, then the owner, then any replica."""
+replicas, and a replica gone moves only its own), and the ranks try holders, then the owner (where replicas load on
+demand), then any replica."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from layerserve.messages import RepositoryEntry
+from layerserve.transports.ray import affinity
 from layerserve.transports.ray.affinity import HANDED, HELD, MODEL_HEADER, NameModel, owner, ranks, routing_stats
 
 REPLICAS = {"r1": "replica 1", "r2": "replica 2", "r3": "replica 3"}
@@ -62,8 +64,12 @@ def test_routing_stats_list_the_models_held_or_loading_once_each() -> None:
         RepositoryEntry("b", 1, "LOADING", ""), RepositoryEntry("c", 1, "UNAVAILABLE", "not loaded"),
         RepositoryEntry("d", 1, "FAILED", "bad file"), RepositoryEntry("e", None, "UNAVAILABLE", "no versions"),
     ]  # fmt: skip
-    assert routing_stats(index) == {HELD: ["a", "b"], HANDED: []}
-    assert routing_stats([], ["efficientnet*"]) == {HELD: [], HANDED: ["efficientnet*"]}
+    assert routing_stats(index, True) == {HELD: ["a", "b"], affinity.ON_DEMAND: True, HANDED: []}
+    assert routing_stats([], False, ["efficientnet*"]) == {
+        HELD: [],
+        affinity.ON_DEMAND: False,
+        HANDED: ["efficientnet*"],
+    }
 
 
 def test_every_router_agrees_on_the_owner_and_owners_spread_models() -> None:
@@ -104,6 +110,12 @@ def test_holders_come_first_then_the_owner_then_any_replica() -> None:
     holders, *rest = ranks("m", four, ["r1", "r2", "r3"], ["r4"])
     assert len(holders) == 2 and set(holders) <= set(REPLICAS.values())  # the less busy of two holders
     assert rest == ([["replica 4"]] if owner("m", four) == "r4" else []) + [["replica 4"]]
+
+
+def test_without_loads_on_demand_no_owner_is_tried() -> None:
+    # No budget: a model no replica holds (unloaded, failed) is spread as before; one some hold goes to them.
+    assert ranks("m", REPLICAS, [], ["r1"], on_demand=False) == [["replica 1"]]
+    assert ranks("m", REPLICAS, ["r2"], ["r1"], on_demand=False) == [["replica 2"], ["replica 1"]]
 
 
 def test_a_holder_or_candidate_no_longer_running_is_left_out() -> None:

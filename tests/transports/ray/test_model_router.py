@@ -1,9 +1,9 @@
 """ModelAffinityRouter on a real Ray cluster started here (a head with no CPUs, two nodes of one CPU; two ingress
-replicas, and a group of two): the requests for one model that no replica holds all reach the same replica (its
-owner), through the HTTP proxy (and the gRPC proxy, named in the metadata) and through a group's handle alike, and
-models spread over both replicas; a model both replicas hold is spread over both as before. Under a memory budget
-per replica, requests spread over many models load fewer models per request than Ray Serve's own routing, with no
-failed request, even with a replica killed."""
+replicas, and a group of two), under a memory budget: the requests for one model that no replica holds all reach the
+same replica (its owner), through the HTTP proxy (and the gRPC proxy, named in the metadata) and through a group's
+handle alike, and models spread over both replicas; a model both replicas hold is spread over both as before. Under a
+memory budget per replica, requests spread over many models load fewer models per request than Ray Serve's own
+routing, with no failed request, even with a replica killed."""
 
 from __future__ import annotations
 
@@ -125,7 +125,9 @@ def _answered_by(client: httpx.Client, model: str, times: int, status: int = 200
 def test_a_model_no_replica_holds_goes_to_one_replica_and_models_spread(
     deploy: Deploy, many_models: Path, settings: Settings
 ) -> None:
-    url = deploy(settings.model_copy(update={"model_repository": many_models}), _options())
+    # A budget (models load on demand) roomy enough for all; m00 and g0 load at start on every replica and stay.
+    on_demand = {"model_repository": many_models, "model_memory_budget": 500_000_000, "keep_loaded": "m00,g0"}
+    url = deploy(settings.model_copy(update=on_demand), _options())
     owners: dict[str, set[str]] = defaultdict(set)
     with httpx.Client(base_url=url, timeout=60) as client:
         for i in range(16):  # unknown models: no replica holds them, each goes to its owner

@@ -7,8 +7,9 @@ deployment's request router as the request's multiplexed model id: NameModel, on
 loading) in its routing stats (`record_routing_stats`, which Ray Serve's controller asks every replica for and
 hands every router). The deployment's router (model_router.py) tries, in turn, the replicas that hold the model
 (the less busy of two), the model's owner (rendezvous hashing of the model over the replicas: every router agrees
-on it, and new models spread over the replicas), then any replica as Ray Serve's own router would. A model every
-replica holds (no budget) is spread as before. Nothing is loaded by Ray: loading and eviction stay the runtime's.
+on it, and new models spread over the replicas; only where replicas load models on demand, under a memory budget),
+then any replica as Ray Serve's own router would. A model every replica holds, or none (without a budget), is
+spread as before. Nothing is loaded by Ray: loading and eviction stay the runtime's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from layerserve.transports.ray.group_router import model_of_path
 MODEL_HEADER = b"serve_multiplexed_model_id"  # Ray Serve's proxy routes by it (handle option multiplexed_model_id)
 HELD = "held"  # routing stats: the models a replica holds or is loading
 HANDED = "handed"  # routing stats: the patterns of the models an ingress replica hands to a group
+ON_DEMAND = "on_demand"  # routing stats: whether the replica loads models on their first request (a memory budget)
 ROUTING_STATS_PERIOD_S = 1.0  # how often Ray Serve's controller asks each replica for its routing stats
 _HOLDING = ("READY", "LOADING")
 
@@ -45,10 +47,11 @@ class NameModel:
         await self._app(scope, receive, send)
 
 
-def routing_stats(index: Iterable[RepositoryEntry], handed: Sequence[str] = ()) -> dict[str, Any]:
-    """A replica's routing stats: the models of its index that it holds or is loading, and the patterns of the
-    models it hands to groups (an ingress replica's)."""
-    return {HELD: sorted({row.name for row in index if row.state in _HOLDING}), HANDED: list(handed)}
+def routing_stats(index: Iterable[RepositoryEntry], on_demand: bool, handed: Sequence[str] = ()) -> dict[str, Any]:
+    """A replica's routing stats: the models of its index that it holds or is loading, whether it loads models on
+    demand, and the patterns of the models it hands to groups (an ingress replica's)."""
+    held = sorted({row.name for row in index if row.state in _HOLDING})
+    return {HELD: held, ON_DEMAND: on_demand, HANDED: list(handed)}
 
 
 def owner(model: str, replicas: Iterable[str]) -> str:
@@ -69,19 +72,19 @@ def _two(replicas: list[Replica]) -> list[Replica]:
 
 
 def ranks(
-    model: str, live: Mapping[str, Replica], holders: Iterable[str], spread: Iterable[str]
+    model: str, live: Mapping[str, Replica], holders: Iterable[str], spread: Iterable[str], on_demand: bool = True
 ) -> list[list[Replica]]:
     """The replicas to try for a request, in turn, each rank until one takes it: for `model` ('' when the request
-    names none), two of the `live` replicas (by id) that hold it, then its owner if it does not; last (and alone
-    when every replica holds it, or no model is named) two of `spread`, Ray Serve's choice of candidates."""
+    names none), two of the `live` replicas (by id) that hold it, then its owner if it does not and the replicas load
+    models `on_demand` (else nothing would load it there); last (and alone when every replica holds it, or no model
+    is named) two of `spread`, Ray Serve's choice of candidates."""
     fallback = _two([live[replica] for replica in spread if replica in live])
     if not model:
         return [fallback]
     held = [replica for replica in holders if replica in live]
     if len(held) == len(live):
         return [fallback]
-    first = owner(model, live)
     tried = [_two([live[replica] for replica in held])] if held else []
-    if first not in held:
+    if on_demand and (first := owner(model, live)) not in held:
         tried.append([live[first]])
     return [*tried, fallback]

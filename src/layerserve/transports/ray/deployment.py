@@ -88,7 +88,7 @@ def build_app(settings: Settings, options: RayOptions | None = None) -> Any:
 
         async def record_routing_stats(self) -> dict[str, Any]:  # Ray Serve's controller asks for them
             """The models this replica holds, and those it hands to groups (see affinity.py)."""
-            return {} if self._data is None else routing_stats(self._data.index(), handed)
+            return {} if self._data is None else routing_stats(self._data.index(), settings.loads_on_demand, handed)
 
         def _grpc_servicer(self) -> InferenceServicer:
             assert self._servicer is not None, "the replica has not started"

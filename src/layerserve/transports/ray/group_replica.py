@@ -33,7 +33,7 @@ class GroupReplica:
 
     async def record_routing_stats(self) -> dict[str, Any]:
         """The models this replica holds (Ray Serve's controller asks for them; see affinity.py)."""
-        return routing_stats(self._server.data.index())
+        return routing_stats(self._server.data.index(), self._server.settings.loads_on_demand)
 
     async def __del__(self) -> None:  # Ray Serve awaits it when it stops the replica
         await self._lifespan.stop()

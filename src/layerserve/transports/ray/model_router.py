@@ -8,7 +8,7 @@ from typing import Any
 
 from ray.serve.request_router import LocalityMixin, PendingRequest, RequestRouter, RunningReplica
 
-from layerserve.transports.ray.affinity import HANDED, HELD, ranks
+from layerserve.transports.ray.affinity import HANDED, HELD, ON_DEMAND, ranks
 
 
 class ModelAffinityRouter(LocalityMixin, RequestRouter):
@@ -20,6 +20,7 @@ class ModelAffinityRouter(LocalityMixin, RequestRouter):
         super().__init__(*args, **kwargs)
         self._holders: dict[str, list[str]] = {}
         self._handed: tuple[str, ...] = ()
+        self._on_demand = False
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Take the running replicas (Ray calls it when they or their routing stats change) and index who holds
@@ -27,12 +28,14 @@ class ModelAffinityRouter(LocalityMixin, RequestRouter):
         super().update_replicas(replicas)
         holders: dict[str, list[str]] = {}
         handed: set[str] = set()
+        on_demand = False
         for replica in replicas:
             stats = replica.routing_stats
+            on_demand = on_demand or bool(stats.get(ON_DEMAND))
             for model in stats.get(HELD, ()):
                 holders.setdefault(model, []).append(replica.replica_id.unique_id)
             handed.update(stats.get(HANDED, ()))
-        self._holders, self._handed = holders, tuple(sorted(handed))
+        self._holders, self._handed, self._on_demand = holders, tuple(sorted(handed)), on_demand
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -43,4 +46,4 @@ class ModelAffinityRouter(LocalityMixin, RequestRouter):
         if model and any(fnmatchcase(model, pattern) for pattern in self._handed):
             model = ""  # the ingress replicas only hand it on: any of them will do
         live = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
-        return ranks(model, live, self._holders.get(model, ()), spread)
+        return ranks(model, live, self._holders.get(model, ()), spread, self._on_demand)
