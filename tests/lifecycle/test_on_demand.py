@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from corpora import rotten_tomatoes
+from layerserve.errors import DeadlineExceededError, QueueFullError
 from layerserve.settings import Settings
 from tests.live_server import (
     LiveServer,
@@ -32,17 +34,19 @@ from tests.live_server import (
     wait_until,
 )
 from tests.models import load_reference, save_model
+from tests.training.test_jobs import wait_for
+from tests.training.test_tokenizer import reference_scores
 
 MB = 1 << 20
 SMALL = [f"small{i}" for i in range(6)]  # ~1 MB each
 
 
-def build_small(seed: int) -> keras.Model:
-    """32 floats -> 4 scores through a 512-wide layer: about 1 MB of weights, each seed its own."""
+def build_small(seed: int, width: int = 512) -> keras.Model:
+    """32 floats -> 4 scores through two `width`-wide layers (512: about 1 MB of weights), each seed its own."""
     keras.utils.set_random_seed(seed)
     x = keras.Input((32,), name="x")
-    h = keras.layers.Dense(512, activation="relu", name="hidden")(x)
-    h = keras.layers.Dense(512, activation="relu", name="hidden2")(h)
+    h = keras.layers.Dense(width, activation="relu", name="hidden")(x)
+    h = keras.layers.Dense(width, activation="relu", name="hidden2")(h)
     return keras.Model(x, keras.layers.Dense(4, name="scores")(h), name=f"small{seed}")
 
 
@@ -215,6 +219,12 @@ def test_metadata_and_grpc_load_a_listed_model(
     expected = load_reference(budget_repository, "small4", 1).predict(rows, verbose=0)
     np.testing.assert_allclose(answer, expected, atol=1e-4)
     assert not client.is_model_ready("small5")  # readiness never loads
+    status = httpx.get(f"{budget_server.url}/v1/models/small5", timeout=10)
+    assert status.status_code == 200
+    assert status.json()["model_version_status"][0]["state"] == "START"  # TF Serving's: tracked, not loaded
+    predicted = httpx.post(f"{budget_server.url}/v1/models/small5:predict", json={"instances": rows.tolist()}).json()
+    expected = load_reference(budget_repository, "small5", 1).predict(rows, verbose=0)
+    np.testing.assert_allclose(np.array(predicted["predictions"]), expected, atol=1e-4)
 
 
 def test_load_counts_against_the_budget_and_unload_frees(budget_server: LiveServer) -> None:
@@ -270,15 +280,6 @@ def test_layerserve_models_says_what_each_version_needs_of_the_budget(budget_rep
     assert "of the 9.0 MB model_memory_budget" in small and "LARGER" not in small
 
 
-def build_wide(seed: int) -> keras.Model:
-    """32 floats -> 4 scores through two 1024-wide layers: about 4.3 MB of weights, each seed its own."""
-    keras.utils.set_random_seed(seed)
-    x = keras.Input((32,), name="x")
-    h = keras.layers.Dense(1024, activation="relu", name="hidden")(x)
-    h = keras.layers.Dense(1024, activation="relu", name="hidden2")(h)
-    return keras.Model(x, keras.layers.Dense(4, name="scores")(h), name=f"wide{seed}")
-
-
 def resident_bytes(pid: int) -> int:
     """A process's resident memory, from /proc."""
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -291,7 +292,7 @@ def test_the_budget_holds_in_the_workers_real_memory(tmp_path: Path, rng: np.ran
     repository, cache = tmp_path / "models", tmp_path / "cache"
     names = [f"wide{seed}" for seed in range(12)]
     for seed, name in enumerate(names):
-        save_model(build_wide(seed), repository / name / "1", "model.keras")
+        save_model(build_small(seed, 1024), repository / name / "1", "model.keras")  # ~4.3 MB
     start_server(Settings(model_repository=repository, engine_cache_dir=cache, reload_interval_s=0)).stop()
     port = free_port()
     process = start_server_process(repository, cache, port, "--model-memory-budget", "20MB")
@@ -321,8 +322,83 @@ def test_the_budget_holds_in_the_workers_real_memory(tmp_path: Path, rng: np.ran
             # process holds the budget. While a version opens, ONNX Runtime briefly holds its graph a few times over.
             time.sleep(1)
             assert resident_bytes(process.pid) - base <= 20 * MB + 4 * MB
+            # A cold start with the export cache warm opens a session: TensorFlow is never imported for it.
+            assert "libtensorflow" not in Path(f"/proc/{process.pid}/maps").read_text()
             largest = max((repository / name / "1" / "model.keras").stat().st_size for name in names)
             assert peak <= 20 * MB + 5 * largest, peak / MB
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_a_trained_model_is_listed_and_loaded_by_its_first_request(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    repository.mkdir()
+    live = start_server(budget_settings(repository, tmp_path / "cache", 64 * MB))
+    try:
+        texts, labels = rotten_tomatoes(600)
+        body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 2}}
+        started = httpx.post(f"{live.url}/v2/models/reviews/train", json=body, timeout=30)
+        assert started.status_code == 202, started.text
+        job = wait_for(live.url, started.json()["job_id"], {"succeeded", "failed"})
+        assert job["state"] == "succeeded", job["error"]
+        assert states(live)["reviews"] == ("UNAVAILABLE", "not loaded (on demand)")
+        sample = ["a wonderful film", "a dull and tedious mess"]
+        answer = httpx.post(f"{live.url}/v1/models/reviews:predict", json={"instances": sample}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        expected = reference_scores(repository / "reviews" / "1", sample)
+        np.testing.assert_allclose(np.array(answer.json()["predictions"]), expected, atol=1e-5)
+        assert states(live)["reviews"][0] == "READY"
+    finally:
+        live.stop()
+
+
+def test_a_layer_output_loads_its_version_and_its_cut_counts_in_its_memory(
+    budget_server: LiveServer, budget_repository: Path, rng: np.random.Generator
+) -> None:
+    rows = rng.normal(size=(2, 32)).astype(np.float32)
+    body = {**infer_body(rows), "outputs": [{"name": "hidden"}]}
+    answer = httpx.post(f"{budget_server.url}/v2/models/small2/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    reference = load_reference(budget_repository, "small2", 1)
+    layer = keras.Model(reference.inputs, reference.get_layer("hidden").output)
+    expected = layer.predict(rows, verbose=0)
+    np.testing.assert_allclose(np.array(answer.json()["outputs"][0]["data"]).reshape(2, 512), expected, atol=1e-4)
+
+    def cuts_bytes() -> int:
+        memory = httpx.get(f"{budget_server.url}/v2/models/small2", timeout=10).json()["memory"]
+        return int(memory["cuts_bytes"])
+
+    wait_until(lambda: cuts_bytes() > 0, "the cut's graph counted in the version's memory")
+    memory = httpx.get(f"{budget_server.url}/v2/models/small2", timeout=10).json()["memory"]
+    assert memory["total_bytes"] >= memory["server_bytes"] + memory["cuts_bytes"]
+
+
+def test_waiting_requests_are_bounded_and_wait_at_most_their_deadline(
+    budget_repository: Path, budget_cache: Path
+) -> None:
+    live = start_server(budget_settings(budget_repository, budget_cache, 9 * MB, max_queue_size=2))
+    control = live.server.runtime.control
+    try:
+
+        async def five_at_once() -> list[object]:
+            waits = [control.load_on_demand("small1", 1) for _ in range(5)]
+            return await asyncio.gather(*waits, return_exceptions=True)
+
+        outcomes = asyncio.run_coroutine_threadsafe(five_at_once(), live.loop).result(60)
+        loaded = [outcome for outcome in outcomes if not isinstance(outcome, Exception)]
+        refused = [outcome for outcome in outcomes if isinstance(outcome, QueueFullError)]
+        assert len(loaded) == 2 and len(refused) == 3, outcomes
+        assert "small1' version 1 is loading and 2 requests wait for it" in refused[0].message
+        for version in loaded:
+            live.loop.call_soon_threadsafe(version.release)  # type: ignore[attr-defined]  # returned held
+    finally:
+        live.stop()
+    live = start_server(budget_settings(budget_repository, budget_cache, 9 * MB, request_timeout_ms=1))
+    try:
+        waited = asyncio.run_coroutine_threadsafe(live.server.runtime.control.load_on_demand("small2", 1), live.loop)
+        with pytest.raises(DeadlineExceededError, match="did not load within request_timeout_ms"):
+            waited.result(60)
+        wait_until(lambda: states(live)["small2"][0] == "READY", "the load went on without its request")
+    finally:
+        live.stop()
