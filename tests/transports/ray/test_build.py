@@ -49,3 +49,17 @@ def test_each_group_is_a_deployment_of_its_own() -> None:
     assert board._bound_deployment.name == "layerserve-board"
     served = Settings.model_validate_json(images.init_args[1])
     assert served.serves_model("efficientnet_lite0") and not served.serves_model("mlp")
+
+
+def test_model_affinity_is_every_deployments_request_router_unless_turned_off() -> None:
+    from layerserve.transports.ray.affinity import ROUTING_STATS_PERIOD_S
+    from layerserve.transports.ray.model_router import ModelAffinityRouter
+
+    groups = {"images": {"models": ["efficientnet*"], "replicas": 1}}
+    for affinity in (True, False):
+        ingress = build_app(Settings(model_repository="models"), RayOptions(groups=groups, model_affinity=affinity))
+        deployments = [ingress._bound_deployment, ingress._bound_deployment.init_args[1]["images"]._bound_deployment]
+        for deployment in deployments:  # Ray Serve's DeploymentConfig holds it
+            config = deployment._deployment_config.request_router_config
+            assert (config.get_request_router_class() is ModelAffinityRouter) is affinity, deployment.name
+            assert (config.request_routing_stats_period_s == ROUTING_STATS_PERIOD_S) is affinity

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from layerserve.transports.ray.affinity import NameModel
 from layerserve.transports.ray.replica import REPLICA_HEADER
 from layerserve.transports.ray.retry import RetryLostReplica, proxy_middlewares
 
@@ -79,7 +80,8 @@ async def test_a_training_job_submission_is_never_sent_twice() -> None:
 def test_the_proxy_retries_and_a_replicas_own_server_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.serve import context
 
-    assert [m.cls for m in proxy_middlewares()] == [RetryLostReplica]  # Ray's proxy: no replica context
+    # Ray's proxy (no replica context): the retry, and the model's name for the router (affinity.py)
+    assert [m.cls for m in proxy_middlewares()] == [RetryLostReplica, NameModel]
     # Direct ingress: Ray Serve builds each replica's own HTTP server from the same callback, in the replica, once
     # its context is set; a retry there would only send the request to the replica that lost it.
     monkeypatch.setattr(context, "_INTERNAL_REPLICA_CONTEXT", object())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from layerserve.transports.ray.affinity import routing_stats
 from layerserve.transports.ray.grpc_ingress import run_captured
 from layerserve.transports.ray.in_process import Lifespan, PlainRequest, PlainResponse, call_app
 from layerserve.transports.ray.replica import build_replica
@@ -29,6 +30,10 @@ class GroupReplica:
     async def handle_grpc(self, name: str, request: Any, metadata: Any) -> Any:
         """Run one RPC the ingress received: (answer or None, status or None, details, this replica)."""
         return await run_captured(self._server.servicer, name, request, metadata, self._identity)
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """The models this replica holds (Ray Serve's controller asks for them; see affinity.py)."""
+        return routing_stats(self._server.data.index(), self._server.settings.loads_on_demand)
 
     async def __del__(self) -> None:  # Ray Serve awaits it when it stops the replica
         await self._lifespan.stop()

@@ -44,16 +44,19 @@ def error_response(status: int, message: str) -> PlainResponse:
     )
 
 
-async def forward(handles: dict[str, Any], group: str, method: str, *args: Any, once: bool = False) -> Any:
-    """Call `method` of one replica of `group`; sent again once (after a pause) if that replica died, unless
-    `once` (a request that must not run twice).
+async def forward(
+    handles: dict[str, Any], group: str, method: str, *args: Any, once: bool = False, model: str = ""
+) -> Any:
+    """Call `method` of one replica of `group`, preferably one that holds `model` when given (see affinity.py);
+    sent again once (after a pause) if that replica died, unless `once` (a request that must not run twice).
 
     Raises:
         Exception: the second attempt's failure (or the first's, with `once`).
     """
+    handle = handles[group].options(multiplexed_model_id=model) if model else handles[group]
     for attempt in (1, 2):
         try:
-            return await getattr(handles[group], method).remote(*args)
+            return await getattr(handle, method).remote(*args)
         except Exception as error:  # the replica died (Ray's errors), or the group has none now
             if once or attempt == 2:
                 raise
@@ -87,7 +90,7 @@ class GroupRouter:
         if group is not None:
             is_job = method == "POST" and path.endswith("/train")
             try:
-                response = await forward(self._handles, group, "handle_http", request, once=is_job)
+                response = await forward(self._handles, group, "handle_http", request, once=is_job, model=model or "")
             except Exception as error:  # both attempts lost their replica
                 response = error_response(503, f"no replica of group {group!r} answered ({error!r}); try again")
         else:

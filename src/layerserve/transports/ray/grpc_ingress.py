@@ -130,7 +130,7 @@ def _unary(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
         if group is not None:
             try:
                 answer, code, details, replica = await forward(
-                    handles, group, "handle_grpc", name, request, grpc_context.invocation_metadata()
+                    handles, group, "handle_grpc", name, request, grpc_context.invocation_metadata(), model=model
                 )
             except Exception as error:  # both attempts lost their replica
                 lost = f"no replica of group {group!r} answered ({error!r}); try again"

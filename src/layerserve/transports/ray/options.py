@@ -85,10 +85,13 @@ _REPLICA_FIELDS = set(ReplicaOptions.model_fields)
 class RayOptions(ReplicaOptions):
     """The replicas of every model not in a group, the groups by name, the CPUs each training job's Ray task
     reserves (on whichever node has them), and the direct port (0: none) on which every replica of those serves
-    HTTP itself, past Ray Serve's proxy (direct_door.py). A group's unset replica options are the top level's."""
+    HTTP itself, past Ray Serve's proxy (direct_door.py), and whether a request for a model goes to a replica
+    that holds it (model affinity, affinity.py; false: Ray Serve's own routing). A group's unset replica options
+    are the top level's."""
 
     job_cpus: float = Field(1.0, gt=0)
     direct_port: int = Field(0, ge=0, le=65535)
+    model_affinity: bool = True
     groups: dict[str, Group] = Field(default_factory=dict)
 
     @model_validator(mode="before")

@@ -15,6 +15,7 @@ import orjson
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from layerserve.transports.ray.affinity import NameModel
 from layerserve.transports.ray.replica import REPLICA_HEADER
 
 log = logging.getLogger(__name__)
@@ -100,14 +101,15 @@ async def _send_lost(send: Send, message: str) -> None:
 
 
 def proxy_middlewares() -> list[Middleware]:
-    """The middlewares of Ray Serve's HTTP proxy (its callback, named by PROXY_CALLBACK). None on a replica's own
-    HTTP server (direct ingress, behind HAProxy), where Ray Serve installs them too: a request there shares its
-    replica's fate, so there is nothing to send again, and the wrapper would only cost every request its time."""
+    """The middlewares of Ray Serve's HTTP proxy (its callback, named by PROXY_CALLBACK): RetryLostReplica, and
+    NameModel (a request's model, for the router: affinity.py). None on a replica's own HTTP server (direct
+    ingress, behind HAProxy), where Ray Serve installs them too: a request there shares its replica's fate, so there
+    is nothing to send again nor a replica to choose, and the wrappers would only cost every request their time."""
     from ray.serve.context import _get_internal_replica_context
 
     if _get_internal_replica_context() is not None:  # type: ignore[no-untyped-call]
         return []
-    return [Middleware(RetryLostReplica)]
+    return [Middleware(RetryLostReplica), Middleware(NameModel)]
 
 
 def _starts_a_job(scope: Scope) -> bool:
