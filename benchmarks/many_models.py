@@ -23,8 +23,9 @@ EfficientNet-Lite0-sized ones, each with weights of its own) is built once into 
    told warm or cold by a readiness check of its model just before it, on its connection (many_models_load.py).
    The resident memory of the server and every process below it is sampled from /proc twice a second; the limit
    it is held to is the base (from step 4's own server at readiness, before any request) plus the budget per
-   worker. Answers: 200 with outputs, 503 with Retry-After (gRPC UNAVAILABLE: the budget's documented refusal),
-   anything else a failure. Loads and evictions per second come from the server's counters over the run.
+   worker. Answers: 200 with outputs; 503 with Retry-After and an error naming `model_memory_budget` (over gRPC,
+   UNAVAILABLE naming it): the budget's documented refusal; anything else is a failure. Loads and evictions per
+   second come from the server's counters over the run.
 """
 
 from __future__ import annotations

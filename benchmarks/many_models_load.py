@@ -27,6 +27,7 @@ from many_models_repo import ModelEntry
 from soak_server import descendants, role_of
 
 OK, REFUSED = 200, 503
+BUDGET_NAME = b"model_memory_budget"  # what the budget's refusals name
 _GRPC_UNAVAILABLE = 14
 _KEPT_BODIES = 5
 
@@ -118,9 +119,9 @@ async def http_loop(
                 reader, writer = await asyncio.open_connection(host, port)
                 continue
             warm = {OK: True, REFUSED: False}.get(ready)
-            if status == REFUSED and not retry_after:
-                tally.refusals_without_retry_after += 1
-                status = 5030  # a 503 without Retry-After is not the documented refusal: a failure
+            if status == REFUSED and not (retry_after and BUDGET_NAME in body):
+                tally.refusals_without_retry_after += not retry_after
+                status = 5030  # not the documented refusal (Retry-After, the budget named): a failure
             elif status == OK and b'"outputs"' not in body[:2000]:
                 status = 2000  # a 200 without outputs: a failure
             tally.add(model, sent, status, warm, body[:400].decode(errors="replace"))
@@ -147,7 +148,7 @@ async def grpc_loop(
     tally: Tally,
 ) -> None:  # fmt: skip
     """One channel's closed loop (a connection of its own: so its worker's readiness): ModelReady, then ModelInfer.
-    UNAVAILABLE is the gRPC door's refusal (503); it has no Retry-After."""
+    UNAVAILABLE naming the budget is the gRPC door's refusal (503, which has no Retry-After there)."""
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -164,8 +165,10 @@ async def grpc_loop(
                 await stub.ModelInfer(requests[model])
             except grpc.aio.AioRpcError as error:
                 code = error.code().value[0]
-                status = REFUSED if code == _GRPC_UNAVAILABLE else 1000 + code
-                tally.add(model, sent, status, warm, f"{error.code().name}: {error.details()}")
+                details = error.details() or ""
+                refused = code == _GRPC_UNAVAILABLE and BUDGET_NAME.decode() in details
+                status = REFUSED if refused else 1000 + code  # any other status (or refusal) is a failure
+                tally.add(model, sent, status, warm, f"{error.code().name}: {details}")
                 continue
             tally.add(model, sent, OK, warm)
 
