@@ -12,6 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BeforeValidator
+
 from layerserve import __version__
 from layerserve.errors import ConfigError, LayerserveError
 from layerserve.logs import configure_logging, import_tensorflow_quietly
@@ -21,7 +23,9 @@ from layerserve.training.recipe import TextTrainingParams
 log = logging.getLogger("layerserve")
 
 
-def _flag_kwargs(annotation: Any) -> dict[str, Any]:
+def _flag_kwargs(annotation: Any, metadata: list[Any]) -> dict[str, Any]:
+    if any(isinstance(rule, BeforeValidator) for rule in metadata):
+        return {"type": str}  # the field reads its own text (`512MB`)
     if typing.get_origin(annotation) is typing.Literal:
         return {"choices": typing.get_args(annotation)}
     if annotation is bool:
@@ -38,7 +42,8 @@ def add_settings_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
         if name in skip:
             continue
         flag = "--" + name.replace("_", "-")
-        group.add_argument(flag, dest=name, default=None, help=field.description, **_flag_kwargs(field.annotation))
+        kwargs = _flag_kwargs(field.annotation, field.metadata)
+        group.add_argument(flag, dest=name, default=None, help=field.description, **kwargs)
     parser.add_argument("--config", type=Path, default=None, help="a YAML or TOML file of settings")
 
 
@@ -296,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     params = train.add_argument_group("training parameters (defaults in parentheses)")
     for name, field in TextTrainingParams.model_fields.items():
         text = f"{field.description or ''} ({field.default})".strip()
-        params.add_argument("--" + name.replace("_", "-"), dest=name, help=text, **_flag_kwargs(field.annotation))
+        kwargs = _flag_kwargs(field.annotation, field.metadata)
+        params.add_argument("--" + name.replace("_", "-"), dest=name, help=text, **kwargs)
     train.set_defaults(run=_train)
 
     _add_demo_commands(commands)

@@ -8,6 +8,7 @@ from typing import Any
 
 from layerserve.lifecycle.peers import ControlOp, Peers
 from layerserve.lifecycle.reloader import Reloader
+from layerserve.serving.version import ModelVersion
 from layerserve.settings import Settings
 
 
@@ -29,6 +30,21 @@ class ControlPlane:
         entry = await self._reloader.load_model(model, config)
         await self._tell(ControlOp("load", model, config=config))
         return tuple(entry.ready_versions)
+
+    async def load_on_demand(self, model: str, version: int) -> ModelVersion:
+        """Under a memory budget: load a listed version for the requests that want it, unloading the least recently
+        used idle versions to make room, here only (each replica keeps its own budget); returned held.
+
+        Raises:
+            BudgetFullError, QueueFullError: no room now, or too many requests wait (503); and see
+            Reloader.load_on_demand.
+        """
+        return await self._reloader.load_on_demand(model, version)
+
+    async def refresh(self, model: str) -> None:
+        """Bring one model in line with its folder now, as a poll would (new versions listed, or loaded if it
+        serves already), without waiting for copies; the peers see it at their next poll."""
+        await self._reloader.refresh(model)
 
     async def unload(self, model: str) -> None:
         """Unload every version of a model (they finish their requests first), on every replica."""

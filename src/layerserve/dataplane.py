@@ -8,7 +8,7 @@ the typed requests and answers of messages.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -37,6 +37,8 @@ from layerserve.serving.version import ModelVersion
 from layerserve.tensors import Array
 
 State = TypeVar("State")
+# Loads a listed version (on demand, under a memory budget) and returns it held: the control plane's.
+OnDemandLoader = Callable[[str, int], Awaitable[ModelVersion]]
 
 
 def answer_outputs(
@@ -68,17 +70,25 @@ class VersionStatus:
 class VersionView:
     """One request's hold on a version (`async with data.open(...) as view`): what a door may read of it, and its
     answers. The version is held until the block ends, so a version swapped out meanwhile (during a cache lookup, an
-    image decode, a queue) is closed only after every view on it is done."""
+    image decode, a queue) is closed only after every view on it is done. A version not loaded (on demand) is
+    loaded on entering, before the block runs."""
 
-    __slots__ = ("_decoder", "_store", "_version")
+    __slots__ = ("_decoder", "_load", "_store", "_version")
 
-    def __init__(self, version: ModelVersion, decoder: ImageDecoder, store: FeatureStore) -> None:
+    def __init__(
+        self, version: ModelVersion, decoder: ImageDecoder, store: FeatureStore,
+        load: Callable[[], Awaitable[ModelVersion]] | None = None,
+    ) -> None:  # fmt: skip
         self._version = version
         self._decoder = decoder
         self._store = store
+        self._load = load
 
     async def __aenter__(self) -> VersionView:
-        self._version.hold()
+        if self._load is None:
+            self._version.hold()
+        else:
+            self._version = await self._load()  # held already
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -212,19 +222,28 @@ class VersionView:
 class DataPlane:
     """The transport-neutral calls over a registry of models (see the module's docstring)."""
 
-    def __init__(self, registry: ModelRegistry, decoder: ImageDecoder, store: FeatureStore) -> None:
+    def __init__(
+        self, registry: ModelRegistry, decoder: ImageDecoder, store: FeatureStore,
+        load_on_demand: OnDemandLoader | None = None,
+    ) -> None:  # fmt: skip
         self._registry = registry
         self._decoder = decoder
         self._store = store
+        self._load_on_demand = load_on_demand
 
     def open(self, model: str, version: int | None = None) -> VersionView:
-        """The requested version (the active one when `version` is None), READY, to hold in an `async with`.
+        """The requested version (the active one when `version` is None), to hold in an `async with`: READY, or
+        listed and loaded on entering (under a memory budget; see Reloader.load_on_demand for its errors).
 
         Raises:
             NotFoundError: unknown model or version.
             NotReadyError: the version is loading or failed.
         """
-        return VersionView(self._registry.get(model, version), self._decoder, self._store)
+        served = self._registry.find(model, version)
+        if served.is_listed and self._load_on_demand is not None:
+            load, number = self._load_on_demand, served.version
+            return VersionView(served, self._decoder, self._store, lambda: load(model, number))
+        return VersionView(self._registry.check_ready(served), self._decoder, self._store)
 
     def label_version(self, model: str, label: str) -> int:
         """The version a label of the model's `version_labels` names.
@@ -254,8 +273,26 @@ class DataPlane:
         async with self.open(request.model, request.version) as view:
             return await view.features(request)
 
-    def metadata(self, model: str, version: int | None = None) -> ModelMetadata:
-        """A version's metadata (the active one, else the newest, by default), in any state.
+    async def metadata(self, model: str, version: int | None = None) -> ModelMetadata:
+        """A version's metadata (the active one, else the newest, by default): a version not loaded (on demand) is
+        loaded first, so that its signature is known; else in any state (see `describe`).
+
+        Raises:
+            NotFoundError: unknown model or version.
+            NotReadyError: the model has no version at all; and as Reloader.load_on_demand.
+        """
+        served = self._registry.find(model, version)
+        if not (served.is_listed and self._load_on_demand is not None):
+            return self.describe(model, version)
+        loaded = await self._load_on_demand(model, served.version)
+        try:
+            return self.describe(model, loaded.version)
+        finally:
+            loaded.release()
+
+    def describe(self, model: str, version: int | None = None) -> ModelMetadata:
+        """A version's metadata (the active one, else the newest, by default), in any state, loading nothing (a
+        version not loaded has no signature yet).
 
         Raises:
             NotFoundError: unknown model or version.

@@ -63,7 +63,7 @@ MODEL_LOAD_SECONDS = Gauge(
     "layerserve_model_load_seconds", "Seconds the last load of a version took.", _LABELS, multiprocess_mode="max"
 )
 MODEL_STATE = Gauge(
-    "layerserve_model_state", "1 for a version's state (LOADING, READY, FAILED), per process.",
+    "layerserve_model_state", "1 for a version's state (UNAVAILABLE, LOADING, READY, FAILED), per process.",
     ("model", "version", "state"), multiprocess_mode="liveall",
 )  # fmt: skip
 VERSION_MEMORY_BYTES = Gauge(
@@ -71,6 +71,24 @@ VERSION_MEMORY_BYTES = Gauge(
     "A ready version's resident memory by part (server, session, process_share, cuts, total; see the metadata).",
     ("model", "version", "part"), multiprocess_mode="liveall",
 )  # fmt: skip
+MODEL_LOADS = Counter("layerserve_model_loads", "Versions loaded (at start, on demand, reloaded).", ("model",))
+MODEL_EVICTIONS = Counter(
+    "layerserve_model_evictions", "Versions unloaded to make room under the memory budget.", ("model",)
+)
+COLD_START_SECONDS = Histogram(
+    "layerserve_cold_start_seconds",
+    "Time from a request for a version not loaded to the version serving (on-demand loads under a memory budget).",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+MODEL_MEMORY_BUDGET_BYTES = Gauge(
+    "layerserve_model_memory_budget_bytes", "The memory budget of the loaded versions (model_memory_budget; 0: none).",
+    multiprocess_mode="livesum",
+)  # fmt: skip
+MODEL_RESIDENT_BYTES = Gauge(
+    "layerserve_model_resident_bytes",
+    "Memory the loaded versions take as their own figures say (the sum of their `total`; sampled every second).",
+    multiprocess_mode="livesum",
+)
 PROCESS_CPU_SECONDS = Gauge(
     "layerserve_process_cpu_seconds",
     "CPU seconds used by the server process and its engine processes.",
@@ -87,6 +105,8 @@ GPU_MEMORY_USED_BYTES = Gauge(
 GPU_MEMORY_TOTAL_BYTES = Gauge(
     "layerserve_gpu_memory_total_bytes", "GPU memory, per device.", ("device",), multiprocess_mode="max"
 )
+
+_STATES = ("UNAVAILABLE", "LOADING", "READY", "FAILED")
 
 # The model and version a request was answered by, for the request metrics and the access log.
 SERVED_BY: ContextVar[tuple[str, int] | None] = ContextVar("served_by", default=None)
@@ -105,7 +125,7 @@ def count_in_flight(counter: Any) -> None:
 
 def set_model_state(name: str, version: int, state: str) -> None:
     """Record a version's state for /metrics."""
-    for known in ("LOADING", "READY", "FAILED"):
+    for known in _STATES:
         MODEL_STATE.labels(name, str(version), known).set(1.0 if known == state else 0.0)
 
 
@@ -136,7 +156,7 @@ def release_version_series(name: str, version: int) -> None:
     for part in _MEMORY_PARTS:
         with contextlib.suppress(KeyError):
             VERSION_MEMORY_BYTES.remove(*key, part)
-    for known in ("LOADING", "READY", "FAILED"):
+    for known in _STATES:
         with contextlib.suppress(KeyError):
             MODEL_STATE.remove(*key, known)
 

@@ -23,7 +23,13 @@ from layerserve.features.images import ImageDecoder
 from layerserve.lifecycle.peers import Peers
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.lifecycle.worker_board import WorkerBoard
-from layerserve.metrics import QUEUED, sample_process, set_version_memory
+from layerserve.metrics import (
+    MODEL_MEMORY_BUDGET_BYTES,
+    MODEL_RESIDENT_BYTES,
+    QUEUED,
+    sample_process,
+    set_version_memory,
+)
 from layerserve.serving.registry import ModelRegistry
 from layerserve.settings import Settings
 from layerserve.training.job_store import Job, open_job_store
@@ -67,8 +73,9 @@ class Runtime:
         )
         self.decoder = ImageDecoder(self._decode_pool, settings.max_image_pixels)
         self.feature_store = FeatureStore(store_backend, settings.cache_key_prefix)
-        self.data = DataPlane(self.registry, self.decoder, self.feature_store)
         self.control = ControlPlane(settings, self.reloader, peers)
+        on_demand = self.control.load_on_demand if settings.loads_on_demand else None
+        self.data = DataPlane(self.registry, self.decoder, self.feature_store, on_demand)
         self._jobs: JobRunner | None = None
         self._jobs_error = "training jobs are unavailable: the runtime has not started"
         self.draining = threading.Event()  # set when shutdown begins: readiness turns false
@@ -141,11 +148,16 @@ class Runtime:
     def sample_process(self, with_gpu: bool = True) -> None:
         """Refresh this process's CPU and memory gauges (its engine processes counted in) and its queue depths."""
         sample_process(self.registry.engine_processes.usage(), with_gpu)
+        resident = 0
         for entry in list(self.registry.models.values()):
             for version in list(entry.versions.values()):
                 if version.is_ready:
                     QUEUED.labels(version.name, str(version.version)).set(version.queued)
-                    set_version_memory(version.name, version.version, version.memory())
+                    memory = version.memory()
+                    set_version_memory(version.name, version.version, memory)
+                    resident += memory["total_bytes"]
+        MODEL_RESIDENT_BYTES.set(resident)
+        MODEL_MEMORY_BUDGET_BYTES.set(self.settings.model_memory_budget)
 
     async def _keep_in_sync(self) -> None:
         await self.reloader.start()
@@ -167,6 +179,8 @@ class Runtime:
         assert job.version is not None
         if job.apply:
             await self.control.apply(job.model, job.version)
+        elif self.settings.loads_on_demand:
+            await self.control.refresh(job.model)  # listed, loaded on its first request (or now, if it serves)
         else:
             await self.control.load(job.model)
 

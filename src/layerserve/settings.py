@@ -8,10 +8,19 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from layerserve.errors import ConfigError, NotFoundError
 
@@ -19,6 +28,23 @@ EngineChoice = Literal["auto", "onnx", "keras"]
 Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
 ENV_PREFIX = "LAYERSERVE_"
 _VERSION_LABEL = re.compile(r"[a-z][a-z0-9_-]*")
+_BYTE_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)?\s*", re.IGNORECASE)
+_BYTE_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+def parse_byte_size(value: object) -> object:
+    """`512MB`, `1.5GB`, `2GiB` or a plain number of bytes -> bytes (KB, MB, GB and TB are binary: MB = 1024²);
+    anything else is left for the field's own check to refuse."""
+    if not isinstance(value, str):
+        return value
+    match = _BYTE_SIZE.fullmatch(value)
+    if match is None:
+        raise ValueError(f"expected a number of bytes, optionally with KB, MB, GB or TB (binary), got {value!r}")
+    unit = (match[2] or "B").upper().replace("IB", "B")
+    return int(float(match[1]) * _BYTE_UNITS[unit])
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_byte_size)]
 
 
 class Settings(BaseModel):
@@ -73,6 +99,18 @@ class Settings(BaseModel):
         le=8,
         description="Batches of one version its engine process computes at once, on the one session (1: one at a "
         "time); a second keeps the cores busy while a batch's answer goes back and the next is sent.",
+    )
+    model_memory_budget: ByteSize = Field(
+        0,
+        ge=0,
+        description="Memory the loaded versions may take, per worker (per replica under Ray), e.g. `2GB`: models "
+        "are listed at start and loaded on their first request, and the least recently used idle ones are "
+        "unloaded to make room (0: every model loads at start and stays). See docs/many-models.md.",
+    )
+    keep_loaded: str = Field(
+        "",
+        description="Under `model_memory_budget`, models loaded at start and never unloaded to make room: "
+        "comma-separated shell patterns of model names (as `models`; also `keep_loaded: true` in a config.yaml).",
     )
     max_cuts_per_version: int = Field(
         32, ge=1, description="Cut sub-graphs (layer outputs, cut inputs) kept built per version (LRU)."
@@ -242,17 +280,31 @@ class Settings(BaseModel):
     def serves_model(self, name: str) -> bool:
         """Whether the model folder `name` is served (see `models`): it matches an including pattern (or there
         is none) and no excluding one."""
-        patterns = [p.strip() for p in self.models.split(",") if p.strip()]
-        included = [p for p in patterns if not p.startswith("!")]
-        excluded = [p[1:] for p in patterns if p.startswith("!")]
-        return (not included or any(fnmatch.fnmatchcase(name, p) for p in included)) and not any(
-            fnmatch.fnmatchcase(name, p) for p in excluded
-        )
+        return matches_patterns(self.models, name, empty=True)
+
+    @property
+    def loads_on_demand(self) -> bool:
+        """Whether models load on their first request under a memory budget (`model_memory_budget`)."""
+        return self.model_memory_budget > 0
+
+    def keeps_loaded(self, name: str) -> bool:
+        """Whether the setting `keep_loaded` names the model (its config.yaml may too: `ModelConfig.keep_loaded`)."""
+        return matches_patterns(self.keep_loaded, name, empty=False)
 
     @property
     def job_records_dir(self) -> Path:
         """The folder of training job records: `jobs_dir`, else `.jobs` in the repository."""
         return self.jobs_dir or self.model_repository / ".jobs"
+
+
+def matches_patterns(patterns: str, name: str, empty: bool) -> bool:
+    """Whether `name` matches comma-separated shell patterns: an including pattern (or none, then `empty`) and no
+    excluding (`!pattern`) one."""
+    split = [p.strip() for p in patterns.split(",") if p.strip()]
+    included = [p for p in split if not p.startswith("!")]
+    excluded = [p[1:] for p in split if p.startswith("!")]
+    is_included = any(fnmatch.fnmatchcase(name, p) for p in included) if included else empty
+    return is_included and not any(fnmatch.fnmatchcase(name, p) for p in excluded)
 
 
 def _format_default(value: object) -> str:
@@ -390,6 +442,9 @@ class ModelConfig(BaseModel):
     classify_output: str | None = Field(None, description="Output holding class scores (default: the first).")
     version_labels: dict[str, StrictInt] = Field(
         default_factory=dict, description="Names for versions (`{stable: 1, canary: 2}`), as TF Serving's labels."
+    )
+    keep_loaded: bool = Field(
+        False, description="Under a memory budget: loaded at start and never unloaded to make room for others."
     )
 
     @field_validator("version_labels", mode="after")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from layerserve.engines.base import cache_problem
 from layerserve.engines.process.usage import trim_heap
-from layerserve.errors import LoadFailedError, NotFoundError
+from layerserve.errors import DeadlineExceededError, LoadFailedError, NotFoundError, NotReadyError, QueueFullError
+from layerserve.lifecycle.budget import BudgetFullError, MemoryBudget, Resident, megabytes
 from layerserve.lifecycle.repository import (
     ModelSpec,
     check_model_name,
@@ -21,12 +23,22 @@ from layerserve.lifecycle.repository import (
     scan_model,
     write_pin,
 )
-from layerserve.metrics import hold_version_series, release_version_series
+from layerserve.metrics import (
+    COLD_START_SECONDS,
+    MODEL_EVICTIONS,
+    MODEL_LOADS,
+    hold_version_series,
+    release_version_series,
+    set_model_state,
+)
 from layerserve.serving.registry import ModelEntry, ModelRegistry
-from layerserve.serving.version import ModelVersion
+from layerserve.serving.version import ModelVersion, VersionState
 from layerserve.settings import ModelConfig, check_config_override
 
 log = logging.getLogger(__name__)
+
+NOT_LOADED = "not loaded (on demand)"
+EVICTED = "unloaded to make room under the memory budget (on demand: a request loads it again)"
 
 
 class Reloader:
@@ -36,6 +48,10 @@ class Reloader:
     at once and are closed once their requests are answered; a version whose files changed is reloaded
     beside the old one and swapped in. While polling, a version is loaded only once its files are
     unchanged for one interval (still being copied otherwise). One change at a time.
+
+    Under a memory budget (`model_memory_budget`), versions are listed (UNAVAILABLE) instead, unless their model is
+    kept loaded or has a version loaded already; `load_on_demand` loads one for the requests that want it, and
+    every load first unloads the least recently used idle versions it needs the room of (see MemoryBudget).
     """
 
     def __init__(self, registry: ModelRegistry) -> None:
@@ -45,6 +61,10 @@ class Reloader:
         self._overrides: dict[str, dict[str, Any]] = {}  # model -> the config of its last load, if it had one
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        settings = registry.settings
+        self.budget = MemoryBudget(settings.model_memory_budget) if settings.loads_on_demand else None
+        self._loading: dict[tuple[str, int], asyncio.Task[ModelVersion]] = {}  # on-demand loads, one per version
+        self._waiting: dict[tuple[str, int], int] = {}  # requests waiting for each of them
 
     async def start(self) -> None:
         """Load every model of the repository now (no stability wait), then mark the registry settled."""
@@ -126,6 +146,12 @@ class Reloader:
                 reasons = entry.spec.error or "; ".join(f"version {mv.version}: {mv.reason}" for mv in failed)
                 raise LoadFailedError(f"model '{name}' failed to load: {reasons}")
         return entry
+
+    async def refresh(self, name: str) -> None:
+        """Sync one model with its folder now (a poll's work for it, without the wait for copies)."""
+        check_model_name(name)
+        async with self._lock:
+            await self._sync(name, wait_for_copies=False)
 
     async def unload_model(self, name: str) -> None:
         """Unload every version of a model; polling leaves it unloaded until it is loaded again.
@@ -232,6 +258,7 @@ class Reloader:
             entry.is_unloaded = False
         if spec.error:
             return entry  # keep serving what was loaded; the index shows the config error
+        loads_now = self.budget is None or force or self._is_kept(entry) or bool(entry.ready_versions)
         for number, path in spec.versions.items():
             current = entry.versions.get(number)
             stamp = self._stamp(path, spec.config)
@@ -240,12 +267,26 @@ class Reloader:
             if wait_for_copies and self._seen.get((name, number)) != stamp:
                 self._seen[(name, number)] = stamp  # new or changed: load once unchanged for one interval
                 continue
-            await self._load(entry, number, path, stamp)
+            if loads_now or (current is not None and current.is_ready):
+                try:
+                    await self._load(entry, number, path, stamp)
+                    continue
+                except BudgetFullError as error:
+                    if force:
+                        raise
+                    if current is not None and current.is_ready:
+                        log.warning("model %s version %d: its new files wait: %s", name, number, error.message)
+                        continue  # the loaded files go on serving; the next poll tries again
+                    log.warning("model %s version %d is listed, not loaded: %s", name, number, error.message)
+            self._list(entry, number, path, stamp, NOT_LOADED)
         for key in [key for key in self._seen if key[0] == name and key[1] not in spec.present]:
             del self._seen[key]  # its folder is gone: a model that gets new versions for ever keeps no trace of each
         # Versions whose folder is gone leave now; those the policy no longer selects stay until every
         # selected version serves, so that a model is never left without one while newer ones load.
-        is_complete = all(number in entry.versions and entry.versions[number].is_ready for number in spec.versions)
+        is_complete = all(
+            number in entry.versions and (entry.versions[number].is_ready or entry.versions[number].is_listed)
+            for number in spec.versions
+        )
         for number in set(entry.versions) - set(spec.versions):
             if number not in spec.present or is_complete:
                 self._remove(entry, number)
@@ -258,10 +299,17 @@ class Reloader:
         name, config = entry.spec.name, entry.spec.config
         new = ModelVersion(name, number, path, config, stamp if stamp is not None else self._stamp(path, config))
         current = entry.versions.get(number)
+        too_big = self._make_room(entry, new, current)  # raises BudgetFullError before anything changes
         if current is None:
             entry.versions[number] = new  # shown as LOADING in the index
             hold_version_series(name, number)
-        await self._registry.load(new)
+        if too_big:
+            new.state, new.reason = VersionState.FAILED, too_big
+            set_model_state(name, number, new.state)
+            log.error("model %s version %d FAILED: %s", name, number, too_big)
+        else:
+            await self._registry.load(new)
+            self._count_load(entry, new)
         if new.is_ready or current is None or not current.is_ready:
             if entry.versions.get(number) is not new:
                 old = entry.versions.get(number)
@@ -273,6 +321,145 @@ class Reloader:
         current.reason = f"reload failed, the previous files still serve: {new.reason}"
         log.error("model %s version %d: %s", name, number, current.reason)
         return new
+
+    async def load_on_demand(self, name: str, number: int) -> ModelVersion:
+        """Load a listed version for a request (one load, however many requests wait for it) and return it held
+        for the caller (who releases it); the requests that wait are bounded by the model's `max_queue_size` and
+        wait until `request_timeout_ms`.
+
+        Raises:
+            NotFoundError: the version is gone from the repository meanwhile.
+            NotReadyError: its load failed (the reason), or BudgetFullError: no room can be made now (503).
+            QueueFullError: too many requests wait for it already (503).
+            DeadlineExceededError: it did not load within `request_timeout_ms` (504).
+        """
+        key = (name, number)
+        settings = self._registry.settings
+        waiting = self._waiting.get(key, 0)
+        limit = self._registry.entry(name).spec.config.max_queue_size or settings.max_queue_size
+        if waiting >= limit:
+            raise QueueFullError(f"model '{name}' version {number} is loading and {waiting} requests wait for it")
+        task = self._loading.get(key)
+        if task is None:
+            task = self._loading[key] = asyncio.create_task(self._load_listed(name, number))
+            task.add_done_callback(self._loaded)
+        self._waiting[key] = waiting + 1
+        try:
+            async with asyncio.timeout(settings.request_timeout_ms / 1000):
+                version = await asyncio.shield(task)
+            version.hold()  # before anything else runs: a load waiting for the lock could unload it otherwise
+            return version
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"model '{name}' version {number} did not load within request_timeout_ms "
+                f"({settings.request_timeout_ms} ms); it goes on loading"
+            ) from None
+        finally:
+            remaining = self._waiting.pop(key) - 1
+            if remaining:
+                self._waiting[key] = remaining
+
+    def _loaded(self, task: asyncio.Task[ModelVersion]) -> None:
+        """An on-demand load ended: later requests start their own; its error is taken (its waiters may be gone)."""
+        for key, loading in list(self._loading.items()):
+            if loading is task:
+                del self._loading[key]
+        if not task.cancelled():
+            task.exception()
+
+    async def _load_listed(self, name: str, number: int) -> ModelVersion:
+        started = time.perf_counter()
+        async with self._lock:
+            entry = self._registry.entry(name)
+            version = entry.versions.get(number)
+            if version is None:
+                raise NotFoundError(f"model '{name}' has no version {number} any more")
+            if version.is_listed:
+                version = await self._load(entry, number, version.path, version.fingerprint)
+        if not version.is_ready:
+            detail = f": {version.reason}" if version.reason else ""
+            raise NotReadyError(f"model '{name}' version {number} is {version.state}{detail}")
+        COLD_START_SECONDS.observe(time.perf_counter() - started)
+        return version
+
+    def _is_kept(self, entry: ModelEntry) -> bool:
+        """Whether the model stays loaded under the budget (setting `keep_loaded`, or its config.yaml's)."""
+        return entry.spec.config.keep_loaded or self._registry.settings.keeps_loaded(entry.spec.name)
+
+    def _make_room(self, entry: ModelEntry, new: ModelVersion, current: ModelVersion | None) -> str:
+        """Under a budget, unload what a load of `new` needs the room of; the reason it can never fit, if so.
+
+        Raises:
+            BudgetFullError: no room can be made now (nothing was unloaded).
+        """
+        budget = self.budget
+        if budget is None:
+            return ""
+        need = budget.estimate(new)
+        if need > budget.limit and not self._is_kept(entry):
+            return (
+                f"it needs about {megabytes(need)}, more than the whole model_memory_budget "
+                f"({megabytes(budget.limit)}): raise the budget, or serve it elsewhere"
+            )
+        residents = [resident for resident in self._residents() if resident.version is not current]
+        try:
+            victims = budget.make_room(need, residents, f"model '{new.name}' version {new.version}")
+        except BudgetFullError as error:
+            if not self._is_kept(entry):
+                raise
+            log.warning("model %s is kept loaded past the budget: %s", new.name, error.message)
+            victims = []
+        for victim in victims:
+            self._evict(victim)
+        return ""
+
+    def _count_load(self, entry: ModelEntry, new: ModelVersion) -> None:
+        """After a load under a budget: remember what it took, and unload more if it took more than expected."""
+        if not new.is_ready:
+            return
+        MODEL_LOADS.labels(new.name).inc()
+        budget = self.budget
+        if budget is None:
+            return
+        taken = new.memory()["total_bytes"]
+        budget.record(new, taken)
+        others = [resident for resident in self._residents() if resident.version is not new]
+        try:
+            for victim in budget.make_room(taken, others, f"model '{new.name}' version {new.version}"):
+                self._evict(victim)
+        except BudgetFullError as error:
+            log.warning("over the memory budget after a load: %s", error.message)
+
+    def _residents(self) -> list[Resident]:
+        """What takes memory now, each version marked kept when it is kept loaded or requests wait for it."""
+        budget = self.budget
+        assert budget is not None
+        entries = list(self._registry.models.values())
+        kept = {entry.spec.name for entry in entries if self._is_kept(entry)}
+        versions = [version for entry in entries for version in entry.versions.values()]
+        return budget.residents(
+            versions, lambda version: version.name in kept or (version.name, version.version) in self._waiting
+        )
+
+    def _list(self, entry: ModelEntry, number: int, path: Path, stamp: tuple[object, ...], reason: str) -> None:
+        """A version known, not loaded (UNAVAILABLE with `reason`), in place of what served under its number."""
+        name = entry.spec.name
+        current = entry.versions.get(number)
+        entry.versions[number] = ModelVersion.listed(name, number, path, entry.spec.config, stamp, reason)
+        if current is None:
+            hold_version_series(name, number)
+        else:
+            self._retire(current)
+        set_model_state(name, number, VersionState.UNAVAILABLE)
+
+    def _evict(self, version: ModelVersion) -> None:
+        """Unload a version to make room: listed again in its place, closed once idle (it is idle now)."""
+        entry = self._registry.models.get(version.name)
+        if entry is None or entry.versions.get(version.version) is not version:
+            return
+        self._list(entry, version.version, version.path, version.fingerprint, EVICTED)
+        MODEL_EVICTIONS.labels(version.name).inc()
+        log.info("model %s version %d unloaded to make room (memory budget)", version.name, version.version)
 
     def _retire_all(self, entry: ModelEntry) -> None:
         for number in list(entry.versions):

@@ -19,7 +19,7 @@ from layerserve.engines.keras import KerasEngine
 from layerserve.engines.onnx import OnnxEngine
 from layerserve.engines.onnx_subgraph import TensorPlace
 from layerserve.engines.process.pool import EngineProcessPool
-from layerserve.engines.process.usage import process_usage
+from layerserve.engines.process.usage import heap_bytes
 from layerserve.lifecycle.model import Signature, find_model_file, read_signature
 from layerserve.lifecycle.prepare import ModelSource, Preparer
 from layerserve.serving.batchers import BatchingPlan
@@ -44,7 +44,7 @@ class LoadedVersion:
     model_digest: str
     cuts: CutCache
     plan: BatchingPlan
-    server_bytes: int  # how much this process's resident memory grew while the version loaded (an estimate)
+    server_bytes: int  # how much this process's C heap grew while the version loaded (an estimate)
 
 
 @dataclass
@@ -84,7 +84,7 @@ def load_version(
     Raises:
         LayerserveError: the version cannot be served (the message says why); any other error is a bug.
     """
-    resident_before = process_usage()[1]
+    heap_before = heap_bytes()
     model_file = find_model_file(folder)
     source = ModelSource(model_file, processes.digest(model_file), settings.trust_models)
     cache_file = onnx_cache_path(settings.engine_cache_dir, source.digest)
@@ -128,8 +128,19 @@ def load_version(
         raise
     return LoadedVersion(
         model.signature, model.graph, model.layer_count, codec, checks, choice.engine, choice.reason, source.digest,
-        cuts, plan, max(0, process_usage()[1] - resident_before),
+        cuts, plan, _server_bytes(heap_bytes() - heap_before, choice.engine, cache_file),
     )  # fmt: skip
+
+
+def _server_bytes(heap_growth: int, engine: Engine, cache_file: Path) -> int:
+    """What the version takes in this process: its heap's growth while loading, and at least its ONNX graph's size
+    for a session here (it holds those weights; frees by other threads can hide them from the heap's growth)."""
+    if engine.in_process and engine.name is EngineKind.ONNX:
+        try:
+            return max(heap_growth, cache_file.stat().st_size)
+        except OSError:
+            pass
+    return max(0, heap_growth)
 
 
 def _is_fast(engine: Engine, signature: Signature, config: ModelConfig, plan: BatchingPlan, settings: Settings) -> bool:

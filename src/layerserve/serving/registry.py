@@ -44,6 +44,15 @@ class ModelEntry:
             return self.pinned
         return max((number for number, version in self.versions.items() if version.is_ready), default=None)
 
+    @property
+    def requested_version(self) -> int | None:
+        """The version a request without one gets: the pinned one (else the newest) when it is listed, not loaded,
+        so that it loads (on demand); else the active one; else the newest in any state."""
+        wanted = self.pinned if self.pinned in self.versions else max(self.versions, default=None)
+        if wanted is not None and self.versions[wanted].is_listed:
+            return wanted
+        return self.active_version or wanted
+
 
 class ModelRegistry:
     """Every model of the repository, by name; the reloader fills it, requests read it."""
@@ -112,12 +121,20 @@ class ModelRegistry:
             NotFoundError: unknown model or version.
             NotReadyError: the version is loading or failed.
         """
-        model_version = self.find(name, version)
-        SERVED_BY.set((name, model_version.version))
-        if not model_version.is_ready:
-            detail = f": {model_version.reason}" if model_version.reason else ""
-            raise NotReadyError(f"model '{name}' version {model_version.version} is {model_version.state}{detail}")
-        return model_version
+        return self.check_ready(self.find(name, version))
+
+    @staticmethod
+    def check_ready(version: ModelVersion) -> ModelVersion:
+        """The version, which a request is about to use (recorded for its metrics), if READY.
+
+        Raises:
+            NotReadyError: it is not loaded, loading or failed.
+        """
+        SERVED_BY.set((version.name, version.version))
+        if not version.is_ready:
+            detail = f": {version.reason}" if version.reason else ""
+            raise NotReadyError(f"model '{version.name}' version {version.version} is {version.state}{detail}")
+        return version
 
     def find(self, name: str, version: int | None = None) -> ModelVersion:
         """The requested version in any state (the active one, else the newest, when `version` is None).
@@ -128,7 +145,7 @@ class ModelRegistry:
         """
         entry = self.entry(name)
         if version is None:
-            version = entry.active_version or max(entry.versions, default=None)
+            version = entry.requested_version
             if version is None:
                 reason = entry.spec.error or ("it was unloaded" if entry.is_unloaded else "it has no version folders")
                 raise NotReadyError(f"model '{name}' has no version to serve: {reason}")

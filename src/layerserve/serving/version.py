@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 class VersionState(StrEnum):
     """Where a version is in its life."""
 
+    UNAVAILABLE = "UNAVAILABLE"  # listed, not loaded: under a memory budget it loads on its first request
     LOADING = "LOADING"
     READY = "READY"
     FAILED = "FAILED"
@@ -78,11 +79,28 @@ class ModelVersion:
     _batchers: BatcherTable | None = None
     _in_flight: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    last_used: float = field(default_factory=time.monotonic)  # when a request last held it (least recently used)
+
+    @classmethod
+    def listed(cls, name: str, version: int, path: Path, config: ModelConfig, fingerprint: tuple[object, ...],
+               reason: str) -> ModelVersion:  # fmt: skip
+        """A version known from the repository and not loaded (UNAVAILABLE, with `reason`): a request loads it."""
+        return cls(name, version, path, config, fingerprint, VersionState.UNAVAILABLE, reason)
 
     @property
     def is_ready(self) -> bool:
         """Whether the version serves requests."""
         return self.state is VersionState.READY
+
+    @property
+    def is_listed(self) -> bool:
+        """Whether the version is known and not loaded (UNAVAILABLE): a request for it loads it."""
+        return self.state is VersionState.UNAVAILABLE
+
+    @property
+    def in_use(self) -> bool:
+        """Whether a request holds it now (in flight, or queued in a batcher)."""
+        return self._in_flight > 0
 
     def load(self, settings: Settings, exporter: Executor, preparer: Preparer, processes: EngineProcessPool) -> None:
         """Prepare (in the preparer's child process), choose the engine, warm up; on any failure the version
@@ -305,6 +323,7 @@ class ModelVersion:
 
     def hold(self) -> None:
         """A request uses this version: it is not closed before `release`."""
+        self.last_used = time.monotonic()
         if not self._in_flight:
             self._idle.clear()
         self._in_flight += 1

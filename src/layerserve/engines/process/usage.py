@@ -20,6 +20,27 @@ def process_usage(pid: int | str = "self") -> tuple[float, int]:
         return 0.0, 0
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")
+    ]  # fmt: skip
+
+
+def heap_bytes() -> int:
+    """Bytes the C heap has handed out now (glibc's mallinfo2: in use in its arenas, and in its own mappings); 0
+    where there is no glibc. Unlike resident memory it counts what a session allocates, not the pages it touched
+    first, so a growth of it measures one load even among many."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return 0
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system: glibc keeps what a freed session, graph or batch took,
     and a process that loads and frees versions again and again would grow by it."""

@@ -107,7 +107,7 @@ class InferenceServicer:
         return await self._run("ModelMetadata", context, self._model_metadata, request)
 
     async def _model_metadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
-        metadata = self._state.data.metadata(request.name, parse_version_number(request.version))
+        metadata = await self._state.data.metadata(request.name, parse_version_number(request.version))
         return grpc_v2.model_metadata(v2.metadata_json(metadata))
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: CallContext) -> pb.ModelConfigResponse:  # noqa: N802
@@ -115,7 +115,7 @@ class InferenceServicer:
         return await self._run("ModelConfig", context, self._model_config, request)
 
     async def _model_config(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
-        metadata = self._state.data.metadata(request.name, parse_version_number(request.version))
+        metadata = await self._state.data.metadata(request.name, parse_version_number(request.version))
         return grpc_v2.model_config(triton.model_config(metadata))
 
     async def ModelStatistics(  # noqa: N802

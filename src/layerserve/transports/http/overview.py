@@ -49,7 +49,7 @@ def model_rows(data: DataPlane) -> list[dict[str, Any]]:
             row["reason"] = entry.reason
             continue
         try:
-            metadata = metadata_json(data.metadata(entry.name, entry.version))
+            metadata = metadata_json(data.describe(entry.name, entry.version))
         except LayerserveError:  # unloaded between the index and now
             continue
         row["active_version"], row["pinned_version"] = metadata["active_version"], metadata["pinned_version"]

@@ -27,7 +27,7 @@ async def statistics(request: Request) -> Response:
 
 async def config(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]/config: Triton's model configuration."""
-    metadata = services(request).data.metadata(request.path_params["model"], parse_version(request))
+    metadata = await services(request).data.metadata(request.path_params["model"], parse_version(request))
     return JSONResponse(model_config(metadata))
 
 

@@ -45,12 +45,12 @@ async def ready(request: Request) -> Response:
 async def model_metadata(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]."""
     data = services(request).data
-    return JSONResponse(v2.metadata_json(data.metadata(request.path_params["model"], parse_version(request))))
+    return JSONResponse(v2.metadata_json(await data.metadata(request.path_params["model"], parse_version(request))))
 
 
 async def model_ready(request: Request) -> Response:
     """GET /v2/models/{model}[/versions/{version}]/ready: 200 when ready, else 503."""
-    metadata = services(request).data.metadata(request.path_params["model"], parse_version(request))
+    metadata = services(request).data.describe(request.path_params["model"], parse_version(request))
     is_ready = metadata.state == "READY"
     return JSONResponse(
         {"name": metadata.name, "version": str(metadata.version), "ready": is_ready},

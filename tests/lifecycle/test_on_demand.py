@@ -1,0 +1,247 @@
+"""Models loaded on demand under a memory budget: listed at start, loaded by their first request (once, however many
+wait), the least recently used idle versions unloaded to make room, never one in use or kept loaded; a 503 naming
+the budget when nothing can make room; answers equal to Keras throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import keras
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from layerserve.settings import Settings
+from tests.live_server import LiveServer, metric_sample, start_server, wait_until
+from tests.models import load_reference, save_model
+
+MB = 1 << 20
+SMALL = [f"small{i}" for i in range(6)]  # ~1 MB each
+
+
+def build_small(seed: int) -> keras.Model:
+    """32 floats -> 4 scores through a 512-wide layer: about 1 MB of weights, each seed its own."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((32,), name="x")
+    h = keras.layers.Dense(512, activation="relu", name="hidden")(x)
+    h = keras.layers.Dense(512, activation="relu", name="hidden2")(h)
+    return keras.Model(x, keras.layers.Dense(4, name="scores")(h), name=f"small{seed}")
+
+
+def build_big() -> keras.Model:
+    """32 floats -> 4 scores through 2048-wide layers: about 17 MB of weights."""
+    keras.utils.set_random_seed(99)
+    x = keras.Input((32,), name="x")
+    h = keras.layers.Dense(2048, activation="relu", name="wide")(x)
+    h = keras.layers.Dense(2048, activation="relu", name="wide2")(h)
+    return keras.Model(x, keras.layers.Dense(4, name="scores")(h), name="big")
+
+
+@pytest.fixture(scope="module")
+def budget_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six small models, one kept loaded by its config.yaml, and one larger than the budget."""
+    root = tmp_path_factory.mktemp("on-demand")
+    repository = root / "models"
+    for seed, name in enumerate(SMALL):
+        save_model(build_small(seed), repository / name / "1", "model.keras")
+    save_model(build_small(50), repository / "kept" / "1", "model.keras")
+    (repository / "kept" / "config.yaml").write_text("keep_loaded: true\n")
+    save_model(build_big(), repository / "big" / "1", "model.keras")
+    return repository
+
+
+@pytest.fixture(scope="module")
+def budget_cache(tmp_path_factory: pytest.TempPathFactory, budget_repository: Path) -> Path:
+    """An export cache made warm by one server over the repository with no budget (so loads here are cold starts,
+    not exports)."""
+    cache = tmp_path_factory.mktemp("on-demand-cache")
+    live = start_server(Settings(model_repository=budget_repository, engine_cache_dir=cache, reload_interval_s=0))
+    live.stop()
+    return cache
+
+
+def budget_settings(repository: Path, cache: Path, budget: int, **more: object) -> Settings:
+    """A server's settings with a memory budget."""
+    return Settings(
+        model_repository=repository, engine_cache_dir=cache, model_memory_budget=budget, reload_interval_s=0, **more
+    )
+
+
+@pytest.fixture
+def budget_server(budget_repository: Path, budget_cache: Path) -> Iterator[LiveServer]:
+    """A server whose budget holds about four small models (and not `big`)."""
+    live = start_server(budget_settings(budget_repository, budget_cache, 9 * MB), grpc=True)
+    yield live
+    live.stop()
+
+
+def infer_body(rows: np.ndarray, name: str = "x") -> dict[str, object]:
+    """A V2 JSON infer body of one FP32 input."""
+    return {"inputs": [{"name": name, "datatype": "FP32", "shape": list(rows.shape), "data": rows.ravel().tolist()}]}
+
+
+def gauge(live: LiveServer, name: str) -> float:
+    """The value of an unlabelled sample of the server's /metrics."""
+    for line in httpx.get(f"{live.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def states(live: LiveServer) -> dict[str, tuple[str, str]]:
+    """Model -> (state, reason) of its version 1, from the repository index."""
+    rows = httpx.post(f"{live.url}/v2/repository/index", timeout=10).json()
+    return {row["name"]: (row["state"], row.get("reason", "")) for row in rows}
+
+
+def test_models_are_listed_at_start_and_kept_ones_loaded(budget_server: LiveServer) -> None:
+    found = states(budget_server)
+    assert found["kept"][0] == "READY"
+    for name in [*SMALL, "big"]:
+        assert found[name] == ("UNAVAILABLE", "not loaded (on demand)")
+    wait_until(lambda: gauge(budget_server, "layerserve_model_memory_budget_bytes") == 9 * MB, "a sample")
+
+
+def test_first_request_loads_once_and_answers_as_keras(
+    budget_server: LiveServer, budget_repository: Path, rng: np.random.Generator
+) -> None:
+    rows = rng.normal(size=(2, 32)).astype(np.float32)
+    expected = load_reference(budget_repository, "small0", 1).predict(rows, verbose=0)
+    # Counters are the process's: other servers of this test process counted before.
+    loads_before = metric_sample(budget_server.url, "layerserve_model_loads_total", model="small0")
+    cold_before = gauge(budget_server, "layerserve_cold_start_seconds_count")
+
+    def infer() -> httpx.Response:
+        return httpx.post(f"{budget_server.url}/v2/models/small0/infer", json=infer_body(rows), timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: infer(), range(8)))
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(np.array(answer.json()["outputs"][0]["data"]).reshape(2, 4), expected, atol=1e-4)
+    assert metric_sample(budget_server.url, "layerserve_model_loads_total", model="small0") == loads_before + 1
+    assert gauge(budget_server, "layerserve_cold_start_seconds_count") == cold_before + 1
+    assert states(budget_server)["small0"][0] == "READY"
+
+
+def test_least_recently_used_idle_versions_make_room(budget_server: LiveServer, rng: np.random.Generator) -> None:
+    rows = rng.normal(size=(1, 32)).astype(np.float32)
+    evictions_before = metric_sample(budget_server.url, "layerserve_model_evictions_total", model=SMALL[0])
+    loads_before = metric_sample(budget_server.url, "layerserve_model_loads_total", model=SMALL[0])
+    for name in SMALL:  # each ~1.3 MB; the budget holds about four beside `kept`
+        answer = httpx.post(f"{budget_server.url}/v2/models/{name}/infer", json=infer_body(rows), timeout=60)
+        assert answer.status_code == 200, answer.text
+    found = states(budget_server)
+    assert found["kept"][0] == "READY"  # kept loaded: never unloaded
+    assert found[SMALL[-1]][0] == found[SMALL[-2]][0] == "READY"  # the most recent
+    assert found[SMALL[0]] == (
+        "UNAVAILABLE", "unloaded to make room under the memory budget (on demand: a request loads it again)"
+    )  # fmt: skip
+    assert metric_sample(budget_server.url, "layerserve_model_evictions_total", model=SMALL[0]) == evictions_before + 1
+    time.sleep(1.2)  # one memory sample after the last load
+    assert 0 < gauge(budget_server, "layerserve_model_resident_bytes") <= 9 * MB
+    # An unloaded model loads again on its next request, and answers.
+    answer = httpx.post(f"{budget_server.url}/v2/models/{SMALL[0]}/infer", json=infer_body(rows), timeout=60)
+    assert answer.status_code == 200
+    assert metric_sample(budget_server.url, "layerserve_model_loads_total", model=SMALL[0]) == loads_before + 2
+
+
+def test_a_model_larger_than_the_budget_is_a_clear_error(budget_server: LiveServer) -> None:
+    answer = httpx.post(
+        f"{budget_server.url}/v2/models/big/infer", json=infer_body(np.zeros((1, 32), np.float32)), timeout=60
+    )
+    assert answer.status_code == 503
+    message = answer.json()["error"]
+    assert "more than the whole model_memory_budget (9.0 MB)" in message and "big" in message
+    assert states(budget_server)["big"][0] == "FAILED"
+    assert states(budget_server)["kept"][0] == "READY"  # nothing was unloaded for it
+
+
+def test_versions_in_use_are_never_unloaded_and_no_room_is_a_503(
+    budget_server: LiveServer, rng: np.random.Generator
+) -> None:
+    rows = rng.normal(size=(1, 32)).astype(np.float32)
+    for name in SMALL[:4]:
+        assert httpx.post(f"{budget_server.url}/v2/models/{name}/infer", json=infer_body(rows), timeout=60).is_success
+    loaded = [name for name, (state, _) in states(budget_server).items() if state == "READY"]
+    # Requests in flight on every loaded version: leases taken through the data plane, as a door takes them.
+    data, loop = budget_server.server.runtime.data, budget_server.loop
+    views = [data.open(name) for name in loaded]
+    for view in views:
+        asyncio.run_coroutine_threadsafe(view.__aenter__(), loop).result(10)
+    try:
+        answer = httpx.post(f"{budget_server.url}/v2/models/{SMALL[5]}/infer", json=infer_body(rows), timeout=60)
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "1"
+        message = answer.json()["error"]
+        assert f"no memory for model '{SMALL[5]}' version 1 now" in message
+        assert "the model_memory_budget is 9.0 MB" in message and "1 kept loaded" in message
+        assert [name for name, (state, _) in states(budget_server).items() if state == "READY"] == loaded
+    finally:
+        for view in views:
+            asyncio.run_coroutine_threadsafe(view.__aexit__(None, None, None), loop).result(10)
+    answer = httpx.post(f"{budget_server.url}/v2/models/{SMALL[5]}/infer", json=infer_body(rows), timeout=60)
+    assert answer.status_code == 200
+
+
+def test_metadata_and_grpc_load_a_listed_model(
+    budget_server: LiveServer, budget_repository: Path, rng: np.random.Generator
+) -> None:
+    metadata = httpx.get(f"{budget_server.url}/v2/models/small3", timeout=60).json()
+    assert metadata["inputs"][0]["name"] == "x" and metadata["state"] == "READY"
+    client = grpcclient.InferenceServerClient(budget_server.grpc_target)
+    rows = rng.normal(size=(3, 32)).astype(np.float32)
+    tensor = grpcclient.InferInput("x", [3, 32], "FP32")
+    tensor.set_data_from_numpy(rows)
+    answer = client.infer("small4", [tensor]).as_numpy("scores")
+    expected = load_reference(budget_repository, "small4", 1).predict(rows, verbose=0)
+    np.testing.assert_allclose(answer, expected, atol=1e-4)
+    assert not client.is_model_ready("small5")  # readiness never loads
+
+
+def test_load_counts_against_the_budget_and_unload_frees(budget_server: LiveServer) -> None:
+    for name in SMALL:
+        assert httpx.post(f"{budget_server.url}/v2/repository/models/{name}/load", timeout=60).status_code == 200
+    found = states(budget_server)
+    assert sum(found[name][0] == "READY" for name in SMALL) < len(SMALL)  # the first ones made room
+    assert found[SMALL[-1]][0] == "READY"
+    assert httpx.post(f"{budget_server.url}/v2/repository/models/{SMALL[-1]}/unload", timeout=60).status_code == 200
+    assert states(budget_server)[SMALL[-1]][0] == "UNAVAILABLE"
+
+
+def test_new_versions_of_listed_models_are_listed_and_of_loaded_ones_loaded(
+    budget_repository: Path, budget_cache: Path, tmp_path: Path, rng: np.random.Generator
+) -> None:
+    repository = tmp_path / "models"
+    for name in ("small0", "small1"):
+        shutil.copytree(budget_repository / name, repository / name)
+    live = start_server(
+        budget_settings(repository, budget_cache, 20 * MB).model_copy(update={"reload_interval_s": 0.2})
+    )
+    try:
+        rows = rng.normal(size=(1, 32)).astype(np.float32)
+        assert httpx.post(f"{live.url}/v2/models/small0/infer", json=infer_body(rows), timeout=60).status_code == 200
+        for name, seed in (("small0", 7), ("small1", 8)):
+            save_model(build_small(seed), repository / name / "2", "model.keras")
+        index = f"{live.url}/v2/repository/index"
+
+        def version_state(name: str, version: str) -> str:
+            rows_ = httpx.post(index, timeout=10).json()
+            return next((r["state"] for r in rows_ if r["name"] == name and r["version"] == version), "")
+
+        wait_until(lambda: version_state("small0", "2") == "READY", "the loaded model's new version loaded")
+        wait_until(lambda: version_state("small1", "2") == "UNAVAILABLE", "the listed model's new version listed")
+        time.sleep(1)
+        assert version_state("small1", "2") == "UNAVAILABLE"
+        answer = httpx.post(f"{live.url}/v2/models/small1/infer", json=infer_body(rows), timeout=60).json()
+        assert answer["model_version"] == "2"
+        expected = load_reference(repository, "small1", 2).predict(rows, verbose=0)
+        np.testing.assert_allclose(np.array(answer["outputs"][0]["data"]).reshape(1, 4), expected, atol=1e-4)
+    finally:
+        live.stop()
