@@ -198,6 +198,20 @@ def empty_base(options: Options, workers: int) -> dict[str, Any]:
     return {"workers": workers, "startup_s": startup_s, "rss_bytes": memory.rss_bytes, "pss_bytes": memory.pss_bytes}
 
 
+def first_session(options: Options, manifest: Manifest, empty_rss: int) -> dict[str, Any]:
+    """One worker serving only the smallest model: what its first ONNX Runtime session costs beyond its graph (the
+    runtime's code and global state, once per process; the budget cannot count it once that version is gone)."""
+    smallest = min(manifest.entries, key=lambda entry: entry.onnx_bytes)
+    flags = ("--workers", "1", "--models", smallest.name)
+    with serving(options.folder / "repo", options.folder / "onnx", _log(options, "first-session"), *flags) as server:
+        server.wait_ready(120)
+        memory = settled_memory(server)
+        figure = metric_sum(server.metrics(), "layerserve_version_memory_bytes", 'part="total"')
+    engine = max(0, memory.rss_bytes - empty_rss - smallest.onnx_bytes)
+    return {"model": smallest.name, "onnx_bytes": smallest.onnx_bytes, "rss_bytes": memory.rss_bytes,
+            "figure_bytes": figure, "engine_bytes": engine}  # fmt: skip
+
+
 def _log(options: Options, name: str) -> Path:
     return (options.log_dir or options.folder / "logs") / f"{name}.log"
 
@@ -282,8 +296,11 @@ def counters(text: str) -> dict[str, float]:
     }
 
 
-def run_scenario(options: Options, manifest: Manifest, protocol: str, workers: int, budget: int) -> dict[str, Any]:
-    """One server under the budget, driven for `duration_s` over one protocol: its figures."""
+def run_scenario(
+    options: Options, manifest: Manifest, protocol: str, workers: int, budget: int, engine: int
+) -> dict[str, Any]:
+    """One server under the budget, driven for `duration_s` over one protocol: its figures. Its memory limit: its
+    base, and per worker the budget and the first session's cost (`engine`)."""
     flags = ["--workers", str(workers)] + (["--model-memory-budget", str(budget)] if budget else [])
     log = _log(options, f"budget-{protocol}-w{workers}")
     with serving(options.folder / "repo", options.folder / "onnx", log, *flags) as server:
@@ -303,7 +320,8 @@ def run_scenario(options: Options, manifest: Manifest, protocol: str, workers: i
     result.update({
         "protocol": protocol, "workers": workers, "budget_bytes": budget, "startup_s": startup_s,
         "base_rss_bytes": base.rss_bytes, "base_pss_bytes": base.pss_bytes, "base_by_role": base.by_role,
-        "limit_bytes": base.rss_bytes + workers * budget, "peak_rss_bytes": max(rss, default=0),
+        "limit_bytes": base.rss_bytes + workers * (budget + engine), "peak_rss_bytes": max(rss, default=0),
+        "over_budget_bytes": max(rss, default=0) - base.rss_bytes - workers * budget,
         "peak_pss_bytes": max(pss, default=0), "last_rss_bytes": rss[-1] if rss else 0,
         "peak_by_role": max(samples, key=lambda s: s.rss_bytes).by_role if samples else {},
         "resident_figure_bytes": max((value for _, value in resident), default=0.0),
@@ -343,9 +361,11 @@ def run_benchmark(options: Options) -> dict[str, Any]:
     """Build (or reuse) the repository, measure the bases and the budget-off server, then every scenario."""
     manifest = ensure_repository(options)
     bases = [empty_base(options, workers) for workers in sorted(set(options.workers))]
+    first = first_session(options, manifest, bases[0]["rss_bytes"])
     full = hold_all(options, manifest)
     budget, figures_total = budget_for(options, manifest, full)
-    scenarios = [run_scenario(options, manifest, protocol, workers, budget)
+    engine = first["engine_bytes"]
+    scenarios = [run_scenario(options, manifest, protocol, workers, budget, engine)
                  for workers in options.workers for protocol in options.protocols]  # fmt: skip
     onnx = [e.onnx_bytes for e in manifest.entries]
     prepared = [e.prepare_s for e in manifest.entries if e.prepare_s and e.kind != "efficientnet"]
@@ -355,21 +375,29 @@ def run_benchmark(options: Options) -> dict[str, Any]:
             "onnx_min_bytes": min(onnx), "onnx_median_bytes": float(np.median(onnx)), "onnx_max_bytes": max(onnx),
             "prepare_median_s": float(np.median(prepared)) if prepared else None,
         },
-        "budget_bytes": budget, "figures_total_bytes": figures_total, "bases": bases, "hold_all": full,
+        "budget_bytes": budget, "figures_total_bytes": figures_total, "bases": bases, "first_session": first,
+        "hold_all": full,
         "scenarios": scenarios,
     }  # fmt: skip
 
 
-def problems(result: dict[str, Any], tolerance_bytes: int) -> list[str]:
-    """What the run found wrong: failures other than the budget's 503, memory past the limit, a server that died."""
+# Per worker, what its resident memory may reach past the limit: a load in flight (its graph read and its session
+# built, a few times its ONNX size at once, which its figure counts only once it is loaded) and what the C
+# allocator keeps of the versions it freed.
+TOLERANCE_PER_WORKER_BYTES = 48 * MB
+
+
+def problems(result: dict[str, Any]) -> list[str]:
+    """What the run found wrong: failures other than the budget's 503, memory past the limit (and the tolerance),
+    a server that died."""
     found = []
     for run in result["scenarios"]:
         name = f"{run['protocol']}, {run['workers']} worker(s)"
         if run["failed"]:
             found.append(f"{name}: {run['failed']} failed requests, e.g. {run['failure_examples'][:2]}")
-        if run["peak_rss_bytes"] > run["limit_bytes"] + tolerance_bytes:
+        if run["peak_rss_bytes"] > run["limit_bytes"] + run["workers"] * TOLERANCE_PER_WORKER_BYTES:
             over = (run["peak_rss_bytes"] - run["limit_bytes"]) / MB
-            found.append(f"{name}: resident memory {over:.0f} MB over the base plus the budget")
+            found.append(f"{name}: resident memory peaked {over:.0f} MB over its limit")
         if not run["server_alive"]:
             found.append(f"{name}: the server exited during the run")
     return found
@@ -395,7 +423,7 @@ def render(result: dict[str, Any]) -> str:
         text += f" One small model's export (prepare_model) took {repo['prepare_median_s']:.2f} s (median)."
     header = ["door", "workers", "start-up s", "req/s", "requests", "503", "failed", "hit rate", "warm p50 ms",
               "warm p99 ms", "cold p50 ms", "cold p99 ms", "loads/s", "evictions/s", "base RSS MB",
-              "peak RSS MB", "base + budget MB"]  # fmt: skip
+              "peak RSS MB", "limit MB"]  # fmt: skip
     rows = [
         [run["protocol"], run["workers"], run["startup_s"], run["req_s"], run["requests"], run["refused"],
          run["failed"], run["hit_rate"], _ms(run["warm_ms"][0]), _ms(run["warm_ms"][1]), _ms(run["cold_ms"][0]),
@@ -405,7 +433,14 @@ def render(result: dict[str, Any]) -> str:
     ]  # fmt: skip
     text += "\n\n" + table(header, rows)
     bases = ", ".join(f"{b['workers']} worker(s) {b['rss_bytes'] / MB:,.0f} MB" for b in result["bases"])
-    text += f"\n\nAn empty repository's server (RSS, every process): {bases}."
+    first = result["first_session"]
+    text += (
+        f"\n\nBase: the server's processes at readiness, before any request (an empty repository's: {bases}); "
+        f"limit: the base and, per worker, the budget and the first ONNX Runtime session's cost beyond its graph, "
+        f"{first['engine_bytes'] / MB:,.0f} MB (one worker serving only the smallest model, {first['model']}, "
+        f"whose own figure is {first['figure_bytes'] / MB:,.1f} MB); a run passes within "
+        f"{TOLERANCE_PER_WORKER_BYTES // MB} MB a worker over it. RSS sums every process of the server's."
+    )
     if full["startup_s"] is None:
         held = (f"Without a budget, the server was not ready within {full['timeout_s']:,.0f} s: {full['ready']:,} "
                 f"of {full['models']:,} models loaded, {full['rss_bytes'] / MB:,.0f} MB resident.")  # fmt: skip
@@ -461,7 +496,7 @@ def main() -> None:
         args.full_timeout_s,
     )  # fmt: skip
     result = {"parameters": arguments(args), **run_benchmark(options)}
-    result["problems"] = problems(result, tolerance_bytes=32 * MB)
+    result["problems"] = problems(result)
     print(render(result))
     for problem in result["problems"]:
         print(f"PROBLEM: {problem}")

@@ -1,7 +1,8 @@
 """The many-models benchmark (benchmarks/many_models.py) in its CI size (`--quick`): 80 small models served under a
 memory budget of 8% of what they take, a Zipf mix over HTTP and gRPC with one worker and two; nothing fails but the
-budget's documented 503s (with Retry-After), versions load and are evicted, and the server's processes stay within
-their base plus the budget per worker. (The benchmark itself serves 1,000 models for 5 minutes a run.)"""
+budget's documented 503s (with Retry-After, naming the budget), versions load and are evicted, and the server's
+processes stay within their base plus, per worker, the budget and ONNX Runtime's own cost. (The benchmark itself
+serves 1,000 models for 5 minutes a run.)"""
 
 from __future__ import annotations
 
@@ -9,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from many_models import MB, QUICK, Options, render, run_benchmark
-
-# Over the base plus the budget, what the server's resident memory may reach: the allocator keeps some of what an
-# evicted version freed, and a figure is an estimate (the growth of resident memory while the version loaded).
-TOLERANCE_BYTES = 32 * MB
+from many_models import QUICK, TOLERANCE_PER_WORKER_BYTES, Options, render, run_benchmark
 
 
 @pytest.mark.slow
@@ -33,5 +30,7 @@ def test_80_models_under_a_budget(tmp_path: Path) -> None:
         assert run["ok"] > 100, where
         assert run["warm"] > 0 and run["cold"] > 0, where
         assert run["loads"] > 0 and run["evictions"] > 0, where
-        assert run["peak_rss_bytes"] <= run["limit_bytes"] + TOLERANCE_BYTES, (where, run["peak_by_role"])
+        # The limit: the base, and per worker the budget and ONNX Runtime's first session (see many_models.py).
+        tolerance = run["workers"] * TOLERANCE_PER_WORKER_BYTES
+        assert run["peak_rss_bytes"] <= run["limit_bytes"] + tolerance, (where, run["peak_by_role"])
         assert run["server_alive"], where
