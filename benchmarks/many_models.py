@@ -357,16 +357,32 @@ def summarize(tally: Tally, elapsed: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
+@contextlib.contextmanager
+def _step(name: str, timings: dict[str, float]) -> Iterator[None]:
+    """Time one step of the benchmark into `timings`, saying so on standard error."""
+    print(f"== {name}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    timings[name] = round(time.perf_counter() - started, 1)
+    print(f"== {name}: {timings[name]} s", file=sys.stderr, flush=True)
+
+
 def run_benchmark(options: Options) -> dict[str, Any]:
     """Build (or reuse) the repository, measure the bases and the budget-off server, then every scenario."""
-    manifest = ensure_repository(options)
-    bases = [empty_base(options, workers) for workers in sorted(set(options.workers))]
-    first = first_session(options, manifest, bases[0]["rss_bytes"])
-    full = hold_all(options, manifest)
+    timings: dict[str, float] = {}
+    with _step("repository", timings):
+        manifest = ensure_repository(options)
+    with _step("bases", timings):
+        bases = [empty_base(options, workers) for workers in sorted(set(options.workers))]
+        first = first_session(options, manifest, bases[0]["rss_bytes"])
+    with _step("without a budget", timings):
+        full = hold_all(options, manifest)
     budget, figures_total = budget_for(options, manifest, full)
-    engine = first["engine_bytes"]
-    scenarios = [run_scenario(options, manifest, protocol, workers, budget, engine)
-                 for workers in options.workers for protocol in options.protocols]  # fmt: skip
+    scenarios = []
+    for workers in options.workers:
+        for protocol in options.protocols:
+            with _step(f"{protocol}, {workers} worker(s)", timings):
+                scenarios.append(run_scenario(options, manifest, protocol, workers, budget, first["engine_bytes"]))
     onnx = [e.onnx_bytes for e in manifest.entries]
     prepared = [e.prepare_s for e in manifest.entries if e.prepare_s and e.kind != "efficientnet"]
     return {
@@ -376,7 +392,7 @@ def run_benchmark(options: Options) -> dict[str, Any]:
             "prepare_median_s": float(np.median(prepared)) if prepared else None,
         },
         "budget_bytes": budget, "figures_total_bytes": figures_total, "bases": bases, "first_session": first,
-        "hold_all": full,
+        "hold_all": full, "timings_s": timings,
         "scenarios": scenarios,
     }  # fmt: skip
 
