@@ -373,8 +373,8 @@ def run_benchmark(options: Options) -> dict[str, Any]:
     with _step("repository", timings):
         manifest = ensure_repository(options)
     with _step("bases", timings):
-        bases = [empty_base(options, workers) for workers in sorted(set(options.workers))]
-        first = first_session(options, manifest, bases[0]["rss_bytes"])
+        bases = [empty_base(options, workers) for workers in sorted({1, *options.workers})]
+        first = first_session(options, manifest, bases[0]["rss_bytes"])  # one worker's, as its own
     with _step("without a budget", timings):
         full = hold_all(options, manifest)
     budget, figures_total = budget_for(options, manifest, full)
