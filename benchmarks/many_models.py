@@ -479,7 +479,7 @@ def parse_bytes(value: str) -> int:
     return int(float(value.strip()[:-2]) * units[suffix]) if suffix in units else int(value)
 
 
-QUICK = {"models": 80, "big": 0, "duration_s": 12.0, "concurrency": 4, "budget_fraction": 0.08}
+QUICK: dict[str, Any] = {"models": 80, "big": 0, "duration_s": 12.0, "concurrency": 4, "budget_fraction": 0.08}
 
 
 def main() -> None:
