@@ -55,6 +55,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "train_accuracy": Benchmark("train_accuracy.py", (), ("--quick",)),
     "train_stall": Benchmark("train_stall.py", ("--duration-s", "12"), ("--duration-s", "3")),
     "memory": Benchmark("memory.py", (), ("--quick",)),
+    "cold_start": Benchmark("cold_start.py", ("--rounds", "20", "--warm", "50"), ("--rounds", "2", "--warm", "5")),
     "ray_scale": Benchmark(
         "ray_scale.py",
         ("--duration-s", "6", "--ingress", "proxy", "haproxy-lean", "direct"),

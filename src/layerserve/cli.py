@@ -124,11 +124,22 @@ def _models(args: argparse.Namespace) -> int:
             except ModelLoadError as error:
                 print(f"  version {number}: FAILED: {error.message}")
                 continue
-            print(f"  version {number}: {len(model.layers)} layers")
+            print(f"  version {number}: {len(model.layers)} layers{_budget_note(settings, path)}")
             for kind, specs in (("input", signature.inputs), ("output", signature.outputs)):
                 for tensor in specs:
                     print(f"    {kind:6} {tensor.name}: {tensor.datatype} {list(tensor.shape)}")
     return 0
+
+
+def _budget_note(settings: Settings, version_folder: Path) -> str:
+    """Under a memory budget, what a version is expected to take, and whether it can ever load."""
+    if not settings.loads_on_demand:
+        return ""
+    from layerserve.lifecycle.budget import first_load_estimate, megabytes
+
+    need, budget = first_load_estimate(version_folder), settings.model_memory_budget
+    note = f"; needs about {megabytes(need)} of the {megabytes(budget)} model_memory_budget"
+    return note + (": LARGER THAN THE BUDGET, it cannot load" if need > budget else "")
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -320,6 +320,7 @@ class DataPlane:
             input=served.config.input,
             cache=served.config.cache,
             memory=served.memory() if served.is_ready else {},
+            last_used=served.last_used_at,
         )
 
     def model_ready(self, model: str, version: int | None = None) -> bool:

@@ -140,6 +140,7 @@ class ModelMetadata:
     input: str = "tensor"  # what /classify and /features take: "image", "text", or "tensor" (neither)
     cache: bool = False  # whether answers are served from the feature cache
     memory: dict[str, int] = field(default_factory=dict)  # resident bytes by part (ModelVersion.memory)
+    last_used: float | None = None  # Unix time a request last used it (or it loaded)
 
 
 @dataclass(frozen=True)

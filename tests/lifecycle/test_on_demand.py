@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +20,21 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from corpora import rotten_tomatoes
 from layerserve.settings import Settings
-from tests.live_server import LiveServer, metric_sample, start_server, wait_until
+from tests.live_server import (
+    LiveServer,
+    free_port,
+    metric_sample,
+    server_log,
+    start_server,
+    start_server_process,
+    wait_process_ready,
+    wait_until,
+)
 from tests.models import load_reference, save_model
+from tests.training.test_jobs import wait_for
+from tests.training.test_tokenizer import reference_scores
 
 MB = 1 << 20
 SMALL = [f"small{i}" for i in range(6)]  # ~1 MB each
@@ -245,3 +260,115 @@ def test_new_versions_of_listed_models_are_listed_and_of_loaded_ones_loaded(
         np.testing.assert_allclose(np.array(answer["outputs"][0]["data"]).reshape(1, 4), expected, atol=1e-4)
     finally:
         live.stop()
+
+
+def test_layerserve_models_says_what_each_version_needs_of_the_budget(budget_repository: Path) -> None:
+    listing = subprocess.run(
+        [sys.executable, "-m", "layerserve", "models", str(budget_repository), "--model-memory-budget", "9MB"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    big = listing[listing.index("big") :].splitlines()[1]
+    assert "of the 9.0 MB model_memory_budget: LARGER THAN THE BUDGET, it cannot load" in big
+    small = listing[listing.index("small0") :].splitlines()[1]
+    assert "of the 9.0 MB model_memory_budget" in small and "LARGER" not in small
+
+
+def build_wide(seed: int) -> keras.Model:
+    """32 floats -> 4 scores through two 1024-wide layers: about 4.3 MB of weights, each seed its own."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((32,), name="x")
+    h = keras.layers.Dense(1024, activation="relu", name="hidden")(x)
+    h = keras.layers.Dense(1024, activation="relu", name="hidden2")(h)
+    return keras.Model(x, keras.layers.Dense(4, name="scores")(h), name=f"wide{seed}")
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory, from /proc."""
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+def test_the_budget_holds_in_the_workers_real_memory(tmp_path: Path, rng: np.random.Generator) -> None:
+    """What the versions' own figures count is what the serving process's resident memory shows: the figures of
+    the loaded versions match its growth, and loading three times the budget keeps it within the budget."""
+    repository, cache = tmp_path / "models", tmp_path / "cache"
+    names = [f"wide{seed}" for seed in range(12)]
+    for seed, name in enumerate(names):
+        save_model(build_wide(seed), repository / name / "1", "model.keras")
+    start_server(Settings(model_repository=repository, engine_cache_dir=cache, reload_interval_s=0)).stop()
+    port = free_port()
+    process = start_server_process(repository, cache, port, "--model-memory-budget", "20MB")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_process_ready(url, process, server_log(repository))
+        rows = rng.normal(size=(1, 32)).astype(np.float32)
+        with httpx.Client(base_url=url, timeout=60) as client:
+            client.post(f"/v2/models/{names[0]}/infer", json=infer_body(rows)).raise_for_status()
+            time.sleep(1)
+            base = resident_bytes(process.pid) - client.get(f"/v2/models/{names[0]}").json()["memory"]["total_bytes"]
+            figures = []
+            for name in names[1:4]:  # about 17 MB: within the budget, nothing unloaded
+                client.post(f"/v2/models/{name}/infer", json=infer_body(rows)).raise_for_status()
+            for name in names[:4]:
+                figures.append(client.get(f"/v2/models/{name}").json()["memory"]["total_bytes"])
+            growth = resident_bytes(process.pid) - base
+            assert abs(growth - sum(figures)) <= 0.35 * sum(figures), (growth, figures)
+            peak = 0
+            for _ in range(3):
+                for name in names:
+                    client.post(f"/v2/models/{name}/infer", json=infer_body(rows)).raise_for_status()
+                    peak = max(peak, resident_bytes(process.pid) - base)
+            evicted = metric_sample(url, "layerserve_model_evictions_total")
+            assert evicted >= 2 * len(names)
+            # Unloaded versions are closed and their memory given back before the next load: once loads stop, the
+            # process holds the budget. While a version opens, ONNX Runtime briefly holds its graph a few times over.
+            time.sleep(1)
+            assert resident_bytes(process.pid) - base <= 20 * MB + 4 * MB
+            largest = max((repository / name / "1" / "model.keras").stat().st_size for name in names)
+            assert peak <= 20 * MB + 5 * largest, peak / MB
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_a_trained_model_is_listed_and_loaded_by_its_first_request(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    repository.mkdir()
+    live = start_server(budget_settings(repository, tmp_path / "cache", 64 * MB))
+    try:
+        texts, labels = rotten_tomatoes(600)
+        body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 2}}
+        started = httpx.post(f"{live.url}/v2/models/reviews/train", json=body, timeout=30)
+        assert started.status_code == 202, started.text
+        job = wait_for(live.url, started.json()["job_id"], {"succeeded", "failed"})
+        assert job["state"] == "succeeded", job["error"]
+        assert states(live)["reviews"] == ("UNAVAILABLE", "not loaded (on demand)")
+        sample = ["a wonderful film", "a dull and tedious mess"]
+        answer = httpx.post(f"{live.url}/v1/models/reviews:predict", json={"instances": sample}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        expected = reference_scores(repository / "reviews" / "1", sample)
+        np.testing.assert_allclose(np.array(answer.json()["predictions"]), expected, atol=1e-5)
+        assert states(live)["reviews"][0] == "READY"
+    finally:
+        live.stop()
+
+
+def test_a_layer_output_loads_its_version_and_its_cut_counts_in_its_memory(
+    budget_server: LiveServer, budget_repository: Path, rng: np.random.Generator
+) -> None:
+    rows = rng.normal(size=(2, 32)).astype(np.float32)
+    body = {**infer_body(rows), "outputs": [{"name": "hidden"}]}
+    answer = httpx.post(f"{budget_server.url}/v2/models/small2/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    reference = load_reference(budget_repository, "small2", 1)
+    layer = keras.Model(reference.inputs, reference.get_layer("hidden").output)
+    expected = layer.predict(rows, verbose=0)
+    np.testing.assert_allclose(np.array(answer.json()["outputs"][0]["data"]).reshape(2, 512), expected, atol=1e-4)
+
+    def cuts_bytes() -> int:
+        memory = httpx.get(f"{budget_server.url}/v2/models/small2", timeout=10).json()["memory"]
+        return int(memory["cuts_bytes"])
+
+    wait_until(lambda: cuts_bytes() > 0, "the cut's graph counted in the version's memory")
+    memory = httpx.get(f"{budget_server.url}/v2/models/small2", timeout=10).json()["memory"]
+    assert memory["total_bytes"] >= memory["server_bytes"] + memory["cuts_bytes"]

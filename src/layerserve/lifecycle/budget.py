@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from layerserve.errors import LayerserveError, NotReadyError
 from layerserve.lifecycle.model import find_model_file
@@ -18,6 +19,17 @@ log = logging.getLogger(__name__)
 # docs/many-models.md); a load's own figure replaces the estimate once known.
 _FILE_FACTOR = 2.0
 _FIXED_BYTES = 2 << 20
+
+
+def first_load_estimate(version_folder: Path) -> int:
+    """What a version never loaded is expected to take: a multiple of its model file's size (see the factors)."""
+    try:
+        model_file = find_model_file(version_folder)
+        files = [p for p in model_file.rglob("*") if p.is_file()] if model_file.is_dir() else [model_file]
+        size = sum(p.stat().st_size for p in files)
+    except (OSError, LayerserveError):  # no model file: its load fails, and takes nothing
+        return _FIXED_BYTES
+    return int(size * _FILE_FACTOR) + _FIXED_BYTES
 
 
 class BudgetFullError(NotReadyError):
@@ -53,17 +65,9 @@ class MemoryBudget:
         return self.estimate(version)
 
     def estimate(self, version: ModelVersion) -> int:
-        """What loading `version` is expected to take: its last load's figure, else a multiple of its file's size."""
+        """What loading `version` is expected to take: its last load's figure, else `first_load_estimate`."""
         measured = self._measured.get(version.fingerprint)
-        if measured is not None:
-            return measured
-        try:
-            model_file = find_model_file(version.path)
-            files = [p for p in model_file.rglob("*") if p.is_file()] if model_file.is_dir() else [model_file]
-            size = sum(p.stat().st_size for p in files)
-        except (OSError, LayerserveError):  # no model file: its load fails, and takes nothing
-            return _FIXED_BYTES
-        return int(size * _FILE_FACTOR) + _FIXED_BYTES
+        return measured if measured is not None else first_load_estimate(version.path)
 
     def record(self, version: ModelVersion, taken: int) -> None:
         """Remember what a load of this version took (its next load is expected to take as much)."""

@@ -38,6 +38,7 @@ from layerserve.settings import ModelConfig, check_config_override
 log = logging.getLogger(__name__)
 
 NOT_LOADED = "not loaded (on demand)"
+UNLOADED = "unloaded (on demand: a request loads it again)"
 EVICTED = "unloaded to make room under the memory budget (on demand: a request loads it again)"
 
 
@@ -154,7 +155,8 @@ class Reloader:
             await self._sync(name, wait_for_copies=False)
 
     async def unload_model(self, name: str) -> None:
-        """Unload every version of a model; polling leaves it unloaded until it is loaded again.
+        """Unload every version of a model; polling leaves it unloaded until it is loaded again. Under a memory
+        budget its versions are listed instead, and a request loads them again.
 
         Raises:
             NotFoundError: the model is not in the registry.
@@ -162,8 +164,13 @@ class Reloader:
         check_model_name(name)
         async with self._lock:
             entry = self._registry.entry(name)
-            entry.is_unloaded = True
-            self._retire_all(entry)
+            if self.budget is None:
+                entry.is_unloaded = True
+                self._retire_all(entry)
+                return
+            for number, version in list(entry.versions.items()):
+                if not version.is_listed:
+                    self._list(entry, number, version.path, version.fingerprint, UNLOADED)
 
     async def apply(self, name: str, number: int) -> ModelVersion:
         """Pin a version as the active one (loading it first if the policy did not), persisted in the repository.
@@ -299,7 +306,7 @@ class Reloader:
         name, config = entry.spec.name, entry.spec.config
         new = ModelVersion(name, number, path, config, stamp if stamp is not None else self._stamp(path, config))
         current = entry.versions.get(number)
-        too_big = self._make_room(entry, new, current)  # raises BudgetFullError before anything changes
+        too_big, freeing = self._make_room(entry, new, current)  # raises BudgetFullError before anything changes
         if current is None:
             entry.versions[number] = new  # shown as LOADING in the index
             hold_version_series(name, number)
@@ -308,6 +315,7 @@ class Reloader:
             set_model_state(name, number, new.state)
             log.error("model %s version %d FAILED: %s", name, number, too_big)
         else:
+            await asyncio.gather(*freeing)  # the unloaded versions' memory is back before the new one takes its own
             await self._registry.load(new)
             self._count_load(entry, new)
         if new.is_ready or current is None or not current.is_ready:
@@ -386,21 +394,24 @@ class Reloader:
         """Whether the model stays loaded under the budget (setting `keep_loaded`, or its config.yaml's)."""
         return entry.spec.config.keep_loaded or self._registry.settings.keeps_loaded(entry.spec.name)
 
-    def _make_room(self, entry: ModelEntry, new: ModelVersion, current: ModelVersion | None) -> str:
-        """Under a budget, unload what a load of `new` needs the room of; the reason it can never fit, if so.
+    def _make_room(
+        self, entry: ModelEntry, new: ModelVersion, current: ModelVersion | None
+    ) -> tuple[str, list[asyncio.Task[None]]]:
+        """Under a budget, unload what a load of `new` needs the room of: the reason it can never fit (if so), and
+        the unloads (done once their memory is freed).
 
         Raises:
             BudgetFullError: no room can be made now (nothing was unloaded).
         """
         budget = self.budget
         if budget is None:
-            return ""
+            return "", []
         need = budget.estimate(new)
         if need > budget.limit and not self._is_kept(entry):
             return (
                 f"it needs about {megabytes(need)}, more than the whole model_memory_budget "
                 f"({megabytes(budget.limit)}): raise the budget, or serve it elsewhere"
-            )
+            ), []
         residents = [resident for resident in self._residents() if resident.version is not current]
         try:
             victims = budget.make_room(need, residents, f"model '{new.name}' version {new.version}")
@@ -409,9 +420,7 @@ class Reloader:
                 raise
             log.warning("model %s is kept loaded past the budget: %s", new.name, error.message)
             victims = []
-        for victim in victims:
-            self._evict(victim)
-        return ""
+        return "", [self._evict(victim) for victim in victims]
 
     def _count_load(self, entry: ModelEntry, new: ModelVersion) -> None:
         """After a load under a budget: remember what it took, and unload more if it took more than expected."""
@@ -441,25 +450,29 @@ class Reloader:
             versions, lambda version: version.name in kept or (version.name, version.version) in self._waiting
         )
 
-    def _list(self, entry: ModelEntry, number: int, path: Path, stamp: tuple[object, ...], reason: str) -> None:
-        """A version known, not loaded (UNAVAILABLE with `reason`), in place of what served under its number."""
+    def _list(
+        self, entry: ModelEntry, number: int, path: Path, stamp: tuple[object, ...], reason: str
+    ) -> asyncio.Task[None] | None:
+        """A version known, not loaded (UNAVAILABLE with `reason`), in place of what served under its number (the
+        task that closes that one)."""
         name = entry.spec.name
         current = entry.versions.get(number)
         entry.versions[number] = ModelVersion.listed(name, number, path, entry.spec.config, stamp, reason)
+        set_model_state(name, number, VersionState.UNAVAILABLE)
         if current is None:
             hold_version_series(name, number)
-        else:
-            self._retire(current)
-        set_model_state(name, number, VersionState.UNAVAILABLE)
+            return None
+        return self._retire(current)
 
-    def _evict(self, version: ModelVersion) -> None:
-        """Unload a version to make room: listed again in its place, closed once idle (it is idle now)."""
-        entry = self._registry.models.get(version.name)
-        if entry is None or entry.versions.get(version.version) is not version:
-            return
-        self._list(entry, version.version, version.path, version.fingerprint, EVICTED)
+    def _evict(self, version: ModelVersion) -> asyncio.Task[None]:
+        """Unload a version to make room: listed again in its place, closed once idle (it is idle now); the task
+        that closes it."""
+        entry = self._registry.models[version.name]
         MODEL_EVICTIONS.labels(version.name).inc()
         log.info("model %s version %d unloaded to make room (memory budget)", version.name, version.version)
+        closing = self._list(entry, version.version, version.path, version.fingerprint, EVICTED)
+        assert closing is not None  # it served under its number
+        return closing
 
     def _retire_all(self, entry: ModelEntry) -> None:
         for number in list(entry.versions):
@@ -470,8 +483,8 @@ class Reloader:
         self._retire(entry.versions.pop(number))
         release_version_series(entry.spec.name, number)
 
-    def _retire(self, version: ModelVersion) -> None:
-        """Close a version that left the registry once the requests holding it are answered."""
+    def _retire(self, version: ModelVersion) -> asyncio.Task[None]:
+        """Close a version that left the registry once the requests holding it are answered (the task that does)."""
 
         async def retire() -> None:
             await version.drain()
@@ -483,3 +496,4 @@ class Reloader:
         task = asyncio.create_task(retire())
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+        return task

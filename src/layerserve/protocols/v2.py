@@ -531,6 +531,7 @@ def metadata_json(metadata: ModelMetadata) -> dict[str, Any]:
         "input": metadata.input,
         "cache": metadata.cache,
         "memory": metadata.memory,
+        "last_used": metadata.last_used,
     }
 
 

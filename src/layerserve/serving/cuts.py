@@ -228,7 +228,10 @@ class CutCache:
         for future in list(self._pending):
             future.cancel()
         with self._lock:
+            engines = [cut.engine for cut in self._cuts.values()]
             self._cuts.clear()
+        for engine in engines:
+            engine.close()
 
 
 def _file_bytes(path: Path) -> int:

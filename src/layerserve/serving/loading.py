@@ -16,7 +16,7 @@ from pathlib import Path
 from layerserve.engines.base import Engine, EngineKind, Verdict, onnx_cache_path, probe_batch
 from layerserve.engines.choice import choose_engine
 from layerserve.engines.keras import KerasEngine
-from layerserve.engines.onnx import OnnxEngine
+from layerserve.engines.onnx import OnnxEngine, start_runtime
 from layerserve.engines.onnx_subgraph import TensorPlace
 from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.engines.process.usage import heap_bytes
@@ -84,6 +84,7 @@ def load_version(
     Raises:
         LayerserveError: the version cannot be served (the message says why); any other error is a bug.
     """
+    start_runtime()  # before the measurement: its one-time cost is no version's
     heap_before = heap_bytes()
     model_file = find_model_file(folder)
     source = ModelSource(model_file, processes.digest(model_file), settings.trust_models)
@@ -116,7 +117,9 @@ def load_version(
         if plan.inline and not settings.intra_op_threads and isinstance(choice.engine, OnnxEngine):
             # On the event loop's thread, a model this fast loses more to waking ORT's other threads for each
             # call than it gains from them, and they take the core that the HTTP stack and other models need.
-            choice = dataclasses.replace(choice, engine=choice.engine.with_threads(1))
+            threaded = choice.engine
+            threaded.close()  # first: two sessions of one graph at once would double the load's peak memory
+            choice = dataclasses.replace(choice, engine=threaded.with_threads(1))
         export = ServedExport(cache_file, model.located) if choice.engine.name is EngineKind.ONNX else None
         cuts = CutCache(
             model.graph, source, settings.model_copy(update={"engine": engine_choice}), exporter, preparer, export,

@@ -79,7 +79,7 @@ class ModelVersion:
     _batchers: BatcherTable | None = None
     _in_flight: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
-    last_used: float = field(default_factory=time.monotonic)  # when a request last held it (least recently used)
+    last_used: float = 0.0  # time.monotonic() when a request last held it, or it loaded (least recently used first)
 
     @classmethod
     def listed(cls, name: str, version: int, path: Path, config: ModelConfig, fingerprint: tuple[object, ...],
@@ -96,6 +96,11 @@ class ModelVersion:
     def is_listed(self) -> bool:
         """Whether the version is known and not loaded (UNAVAILABLE): a request for it loads it."""
         return self.state is VersionState.UNAVAILABLE
+
+    @property
+    def last_used_at(self) -> float | None:
+        """When a request last used it (or it loaded), as a Unix time; None if neither happened."""
+        return time.time() - (time.monotonic() - self.last_used) if self.last_used else None
 
     @property
     def in_use(self) -> bool:
@@ -119,6 +124,7 @@ class ModelVersion:
             log.exception("model %s version %d FAILED", self.name, self.version)
         else:
             self.state = VersionState.READY
+            self.last_used = time.monotonic()
             log.info(
                 "model %s version %d READY on %s in %.1f s (%s)",
                 self.name, self.version, self.engine_name, time.perf_counter() - started, self.engine_reason,

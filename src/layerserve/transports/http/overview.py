@@ -33,6 +33,10 @@ _COUNTERS = {
     "layerserve_requests_cancelled_total": "cancelled",
     "layerserve_batch_isolations_total": "isolations",
 }
+_BUDGET_GAUGES = {
+    "layerserve_model_memory_budget_bytes": "budget_bytes",
+    "layerserve_model_resident_bytes": "resident_bytes",
+}
 _PROCESS_GAUGES = {
     "layerserve_process_cpu_seconds": "cpu_s",
     "layerserve_process_resident_memory_bytes": "rss_bytes",
@@ -101,16 +105,20 @@ def _add_model_sample(series: dict[str, Any], family: str, name: str, labels: di
 
 def summarize(text: str) -> dict[str, Any]:
     """The per-model counters and histograms (summed over versions and routes), the processes' CPU seconds and
-    memory, and GPU memory, from a Prometheus text exposition."""
+    memory, GPU memory, and the memory budget with what the loaded versions take of it (summed over workers), from a
+    Prometheus text exposition."""
     models: dict[str, dict[str, Any]] = defaultdict(_model_series)
     processes: dict[str, dict[str, float]] = defaultdict(dict)
     gpus: dict[str, dict[str, float]] = defaultdict(dict)
+    memory = {key: 0.0 for key in _BUDGET_GAUGES.values()}
     gpu_gauges = {"layerserve_gpu_memory_used_bytes": "used_bytes", "layerserve_gpu_memory_total_bytes": "total_bytes"}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
             if labels.get("model"):
                 _add_model_sample(models[labels["model"]], family.name, name, labels, value)
+            elif name in _BUDGET_GAUGES:
+                memory[_BUDGET_GAUGES[name]] += value
             elif name in _PROCESS_GAUGES:
                 processes[_process_id(labels)][_PROCESS_GAUGES[name]] = value
             elif name in gpu_gauges:
@@ -122,6 +130,7 @@ def summarize(text: str) -> dict[str, Any]:
         "models": dict(models),
         "processes": [{"id": key, **values} for key, values in sorted(processes.items())],
         "gpus": [{"device": key, **values} for key, values in sorted(gpus.items())],
+        "memory": memory,
     }
 
 
@@ -137,6 +146,7 @@ async def overview(request: Request) -> Response:
             "series": series["models"],
             "processes": series["processes"],
             "gpus": series["gpus"],
+            "memory": series["memory"],
         }
     )  # fmt: skip
 

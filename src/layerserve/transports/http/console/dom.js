@@ -32,7 +32,32 @@ export function formatMs(seconds) {
 
 export function formatBytes(bytes) {
   if (bytes === null || bytes === undefined) return "–";
-  return bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toFixed(2)} GB` : `${Math.round(bytes / 2 ** 20)} MB`;
+  if (bytes >= 2 ** 30) return `${(bytes / 2 ** 30).toFixed(2)} GB`;
+  const megabytes = bytes / 2 ** 20;
+  return megabytes > 0 && megabytes < 9.95 ? `${megabytes.toFixed(1)} MB` : `${Math.round(megabytes)} MB`;
+}
+
+// How long ago a Unix time was, from `now` (the server's clock): "3 s ago", "5 min ago"; "never" for none.
+export function formatAgo(time, now) {
+  if (time === null || time === undefined) return "never";
+  const seconds = Math.max(0, now - time);
+  if (seconds < 90) return `${Math.round(seconds)} s ago`;
+  if (seconds < 90 * 60) return `${Math.round(seconds / 60)} min ago`;
+  if (seconds < 36 * 3600) return `${Math.round(seconds / 3600)} h ago`;
+  return `${Math.round(seconds / 86400)} d ago`;
+}
+
+// An element saying how long ago `time` was; refreshAgo() moves it on without rebuilding what holds it.
+export function ago(tag, time, now, props = {}) {
+  return h(tag, { ...props, "data-since": time ?? "", title: time ? new Date(time * 1000).toLocaleString() : null,
+    text: formatAgo(time, now) });
+}
+
+export function refreshAgo(root, now) {
+  for (const element of root.querySelectorAll("[data-since]")) {
+    const text = formatAgo(element.dataset.since ? Number(element.dataset.since) : null, now);
+    if (element.textContent !== text) element.textContent = text;
+  }
 }
 
 export function percent(fraction) {

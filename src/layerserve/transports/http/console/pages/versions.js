@@ -1,10 +1,12 @@
-// Versions and training: a model's versions with apply (pin), unpin, unload and load; training jobs started from a
-// pasted or uploaded CSV/TSV, with progress, loss and accuracy per epoch, cancel, and apply once they succeed.
+// Versions and training: a model's versions with their resident memory and last use, apply (pin), unpin, unload and
+// load; training jobs started from a pasted or uploaded CSV/TSV, with progress, loss and accuracy per epoch, cancel,
+// and apply once they succeed.
 // These routes need the admin token when the server has one.
 
+import { act as actOn } from "../action.js";
 import { api, curlLine } from "../api.js";
 import { epochChart } from "../charts.js";
-import { h, replace } from "../dom.js";
+import { ago, formatBytes, h, refreshAgo, replace } from "../dom.js";
 import { modelState } from "./models.js";
 
 const SAMPLE = "text\tlabel\n这个手机很好用，电池也耐用\tpositive\n太差了，用了两天就坏了\tnegative\n";
@@ -58,21 +60,11 @@ export function mount(view, context, where) {
   let versionsKey = "";
   let jobsKey = "";
 
-  async function act(method, path, json) {
-    replace(actionOut, h("p", { class: "muted", text: `${method} ${path}…` }));
-    const line = curlLine(method, path, json === undefined ? {} : { json });
-    try {
-      await api(path, { method, json });
-      replace(actionOut, h("div", { class: "curl" }, h("pre", { text: line })));
-    } catch (error) {
-      replace(actionOut, h("div", { class: "error", role: "alert", text: error.message }),
-        h("div", { class: "curl" }, h("pre", { text: line })));
-    }
-    await context.refresh();
-  }
+  const act = (method, path, json) => actOn(context, actionOut, method, path, json);
 
   function drawVersions() {
-    const key = JSON.stringify(model);
+    // Memory and last use move by themselves: left out of the key, and updated in place (updateUsage).
+    const key = JSON.stringify(model, (k, value) => (k === "memory" || k === "last_used" ? undefined : value));
     if (key === versionsKey) return; // unchanged: the buttons stay where the pointer is
     versionsKey = key;
     if (!model) {
@@ -86,6 +78,8 @@ export function mount(view, context, where) {
       h("td", {}, h("span", { class: `badge ${v.state}`, text: v.state })),
       h("td", { class: "hint", text: v.reason }),
       h("td", { text: v.engine }),
+      h("td", { class: "num memory" }),
+      h("td", { class: "num" }, ago("span", null, 0, { class: "last-use" })),
       h("td", { text: [v.version === model.active_version ? "active" : "",
         v.version === model.pinned_version ? "pinned" : ""].filter(Boolean).join(", ") }),
       h("td", {}, v.state === "READY" && v.version !== model.pinned_version
@@ -106,9 +100,22 @@ export function mount(view, context, where) {
         h("button", { class: "danger small", type: "button", id: "unload-model", text: "Unload",
           onclick: () => act("POST", `/v2/repository/models/${encodeURIComponent(model.name)}/unload`) })),
       model.versions.length
-        ? h("table", {}, h("thead", {}, h("tr", {}, ["Version", "State", "Reason", "Engine", "Serving", ""]
-          .map((t) => h("th", { text: t })))), h("tbody", {}, rows))
+        ? h("table", {}, h("thead", {}, h("tr", {}, ["Version", "State", "Reason", "Engine", "Memory", "Last use",
+          "Serving", ""].map((t) => h("th", { class: ["Memory", "Last use"].includes(t) ? "num" : "", text: t })))),
+        h("tbody", {}, rows))
         : h("p", { class: "muted", text: "No version is loaded." }));
+  }
+
+  function updateUsage() {
+    for (const v of model?.versions ?? []) {
+      const row = versionsBox.querySelector(`tr[data-version="${v.version}"]`);
+      if (!row) continue;
+      const memory = row.querySelector(".memory");
+      memory.dataset.bytes = v.memory?.total_bytes ?? "";
+      memory.textContent = formatBytes(v.memory?.total_bytes);
+      row.querySelector(".last-use").dataset.since = v.last_used ?? "";
+    }
+    refreshAgo(versionsBox, context.overview.server.time);
   }
 
   // The training form: a model name, a dataset pasted or uploaded, params, and whether to apply the result.
@@ -200,6 +207,7 @@ export function mount(view, context, where) {
     model = models.find((m) => m.name === where.model) ?? models[0] ?? null;
     if (model) select.value = model.name;
     drawVersions();
+    updateUsage();
     refreshJobs();
   }
 
