@@ -63,7 +63,7 @@ MODEL_LOAD_SECONDS = Gauge(
     "layerserve_model_load_seconds", "Seconds the last load of a version took.", _LABELS, multiprocess_mode="max"
 )
 MODEL_STATE = Gauge(
-    "layerserve_model_state", "1 for a version's state (UNAVAILABLE, LOADING, READY, FAILED), per process.",
+    "layerserve_model_state", "1 for a version's state (LOADING, READY, FAILED; none for one not loaded), per process.",
     ("model", "version", "state"), multiprocess_mode="liveall",
 )  # fmt: skip
 VERSION_MEMORY_BYTES = Gauge(
@@ -106,7 +106,7 @@ GPU_MEMORY_TOTAL_BYTES = Gauge(
     "layerserve_gpu_memory_total_bytes", "GPU memory, per device.", ("device",), multiprocess_mode="max"
 )
 
-_STATES = ("UNAVAILABLE", "LOADING", "READY", "FAILED")
+_STATES = ("LOADING", "READY", "FAILED")
 
 # The model and version a request was answered by, for the request metrics and the access log.
 SERVED_BY: ContextVar[tuple[str, int] | None] = ContextVar("served_by", default=None)
@@ -124,7 +124,13 @@ def count_in_flight(counter: Any) -> None:
 
 
 def set_model_state(name: str, version: int, state: str) -> None:
-    """Record a version's state for /metrics."""
+    """Record a version's state for /metrics; a version not loaded (UNAVAILABLE: on demand) has no series, so that
+    a thousand listed models do not make four thousand."""
+    if state == "UNAVAILABLE":
+        for known in _STATES:
+            with contextlib.suppress(KeyError):
+                MODEL_STATE.remove(name, str(version), known)
+        return
     for known in _STATES:
         MODEL_STATE.labels(name, str(version), known).set(1.0 if known == state else 0.0)
 

@@ -21,6 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from corpora import rotten_tomatoes
+from layerserve.errors import DeadlineExceededError, QueueFullError
 from layerserve.settings import Settings
 from tests.live_server import (
     LiveServer,
@@ -218,6 +219,12 @@ def test_metadata_and_grpc_load_a_listed_model(
     expected = load_reference(budget_repository, "small4", 1).predict(rows, verbose=0)
     np.testing.assert_allclose(answer, expected, atol=1e-4)
     assert not client.is_model_ready("small5")  # readiness never loads
+    status = httpx.get(f"{budget_server.url}/v1/models/small5", timeout=10)
+    assert status.status_code == 200
+    assert status.json()["model_version_status"][0]["state"] == "START"  # TF Serving's: tracked, not loaded
+    predicted = httpx.post(f"{budget_server.url}/v1/models/small5:predict", json={"instances": rows.tolist()}).json()
+    expected = load_reference(budget_repository, "small5", 1).predict(rows, verbose=0)
+    np.testing.assert_allclose(np.array(predicted["predictions"]), expected, atol=1e-4)
 
 
 def test_load_counts_against_the_budget_and_unload_frees(budget_server: LiveServer) -> None:
@@ -372,3 +379,33 @@ def test_a_layer_output_loads_its_version_and_its_cut_counts_in_its_memory(
     wait_until(lambda: cuts_bytes() > 0, "the cut's graph counted in the version's memory")
     memory = httpx.get(f"{budget_server.url}/v2/models/small2", timeout=10).json()["memory"]
     assert memory["total_bytes"] >= memory["server_bytes"] + memory["cuts_bytes"]
+
+
+def test_waiting_requests_are_bounded_and_wait_at_most_their_deadline(
+    budget_repository: Path, budget_cache: Path
+) -> None:
+    live = start_server(budget_settings(budget_repository, budget_cache, 9 * MB, max_queue_size=2))
+    control = live.server.runtime.control
+    try:
+
+        async def five_at_once() -> list[object]:
+            waits = [control.load_on_demand("small1", 1) for _ in range(5)]
+            return await asyncio.gather(*waits, return_exceptions=True)
+
+        outcomes = asyncio.run_coroutine_threadsafe(five_at_once(), live.loop).result(60)
+        loaded = [outcome for outcome in outcomes if not isinstance(outcome, Exception)]
+        refused = [outcome for outcome in outcomes if isinstance(outcome, QueueFullError)]
+        assert len(loaded) == 2 and len(refused) == 3, outcomes
+        assert "small1' version 1 is loading and 2 requests wait for it" in refused[0].message
+        for version in loaded:
+            live.loop.call_soon_threadsafe(version.release)  # type: ignore[attr-defined]  # returned held
+    finally:
+        live.stop()
+    live = start_server(budget_settings(budget_repository, budget_cache, 9 * MB, request_timeout_ms=1))
+    try:
+        waited = asyncio.run_coroutine_threadsafe(live.server.runtime.control.load_on_demand("small2", 1), live.loop)
+        with pytest.raises(DeadlineExceededError, match="did not load within request_timeout_ms"):
+            waited.result(60)
+        wait_until(lambda: states(live)["small2"][0] == "READY", "the load went on without its request")
+    finally:
+        live.stop()

@@ -37,6 +37,8 @@ from layerserve.training.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+_WALL_OFFSET_S = time.time() - time.monotonic()  # one offset: a version's last use reads the same every time
+
 
 class VersionState(StrEnum):
     """Where a version is in its life."""
@@ -100,7 +102,7 @@ class ModelVersion:
     @property
     def last_used_at(self) -> float | None:
         """When a request last used it (or it loaded), as a Unix time; None if neither happened."""
-        return time.time() - (time.monotonic() - self.last_used) if self.last_used else None
+        return self.last_used + _WALL_OFFSET_S if self.last_used else None
 
     @property
     def in_use(self) -> bool:

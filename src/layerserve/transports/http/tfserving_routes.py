@@ -14,7 +14,8 @@ from layerserve.transports.http.bodies import JSONResponse, read_body
 from layerserve.transports.http.services import services
 from layerserve.transports.http.v2_routes import parse_version
 
-_TF_STATES = {"LOADING": "LOADING", "READY": "AVAILABLE", "FAILED": "END"}
+# TF Serving's START: "tracked, no action taken yet", as a version listed and not loaded (on demand).
+_TF_STATES = {"UNAVAILABLE": "START", "LOADING": "LOADING", "READY": "AVAILABLE", "FAILED": "END"}
 
 
 def _version_number(request: Request) -> int | None:
