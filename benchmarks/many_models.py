@@ -90,6 +90,7 @@ class Options:
     budget_fraction: float = 0.05
     full_models: int = 0  # models served without a budget (0: all)
     full_timeout_s: float = 1800.0
+    reload_interval_s: float | None = None  # the servers' repository poll under the budget (None: their default)
     sample_every_s: float = 0.5
     metrics_every_s: float = 5.0
     log_dir: Path | None = None  # the servers' logs (default: the folder's `logs/`)
@@ -302,6 +303,8 @@ def run_scenario(
     """One server under the budget, driven for `duration_s` over one protocol: its figures. Its memory limit: its
     base, and per worker the budget and the first session's cost (`engine`)."""
     flags = ["--workers", str(workers)] + (["--model-memory-budget", str(budget)] if budget else [])
+    if options.reload_interval_s is not None:
+        flags += ["--reload-interval-s", str(options.reload_interval_s)]
     log = _log(options, f"budget-{protocol}-w{workers}")
     with serving(options.folder / "repo", options.folder / "onnx", log, *flags) as server:
         startup_s = server.wait_ready(options.full_timeout_s)
@@ -497,6 +500,7 @@ def main() -> None:
     parser.add_argument("--budget-fraction", type=float, default=0.05, help="of the sum of every model's figure")
     parser.add_argument("--full-models", type=int, default=0, help="models served without a budget (0: all)")
     parser.add_argument("--full-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--reload-interval-s", type=float, help="the budget runs' repository poll (default: 2 s)")
     parser.add_argument("--folder", type=Path, help="the repository and its ONNX cache, kept for later runs")
     parser.add_argument("--quick", action="store_true", help="the CI version: 80 small models, 12 s runs")
     parser.add_argument("--json", type=Path, help="write the result here")
@@ -509,7 +513,7 @@ def main() -> None:
     options = Options(
         folder, args.models, args.big, args.seed, args.zipf_s, args.duration_s, args.concurrency,
         tuple(args.protocol), tuple(args.workers), args.budget, args.budget_fraction, args.full_models,
-        args.full_timeout_s,
+        args.full_timeout_s, args.reload_interval_s,
     )  # fmt: skip
     result = {"parameters": arguments(args), **run_benchmark(options)}
     result["problems"] = problems(result)
