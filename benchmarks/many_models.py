@@ -442,12 +442,12 @@ def render(result: dict[str, Any]) -> str:
         text += f" One small model's export (prepare_model) took {repo['prepare_median_s']:.2f} s (median)."
     header = ["door", "workers", "start-up s", "req/s", "requests", "503", "failed", "hit rate", "warm p50 ms",
               "warm p99 ms", "cold p50 ms", "cold p99 ms", "loads/s", "evictions/s", "base RSS MB",
-              "peak RSS MB", "limit MB"]  # fmt: skip
+              "peak RSS MB", "of it engine processes MB", "limit MB"]  # fmt: skip
     rows = [
         [run["protocol"], run["workers"], run["startup_s"], run["req_s"], run["requests"], run["refused"],
          run["failed"], run["hit_rate"], _ms(run["warm_ms"][0]), _ms(run["warm_ms"][1]), _ms(run["cold_ms"][0]),
          _ms(run["cold_ms"][1]), run["loads_per_s"], run["evictions_per_s"], run["base_rss_bytes"] / MB,
-         run["peak_rss_bytes"] / MB, run["limit_bytes"] / MB]
+         run["peak_rss_bytes"] / MB, run["peak_by_role"].get("engine process", 0) / MB, run["limit_bytes"] / MB]
         for run in result["scenarios"]
     ]  # fmt: skip
     text += "\n\n" + table(header, rows)
@@ -472,7 +472,8 @@ def render(result: dict[str, Any]) -> str:
         extrapolated = base + (full["rss_bytes"] - base) * full["onnx_bytes_all"] / full["onnx_bytes_served"]
         held += (f" Extrapolated to all {full['of']:,} in proportion to their ONNX sizes (not measured): about "
                  f"{extrapolated / MB:,.0f} MB.")  # fmt: skip
-    return text + "\n\n" + held
+    text += "\n\n" + held
+    return text + "".join(f"\n\n**Problem:** {problem}." for problem in result.get("problems", []))
 
 
 def parse_bytes(value: str) -> int:
