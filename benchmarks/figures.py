@@ -62,6 +62,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         ("--duration-s", "1", "--ingress", "direct"),
     ),
     "soak": Benchmark("soak.py", ("--duration-s", "600"), ("--duration-s", "60", "--warmup-s", "20")),
+    "many_models": Benchmark("many_models.py", ("--duration-s", "300"), ("--quick",)),
 }
 
 
