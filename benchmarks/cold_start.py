@@ -45,9 +45,7 @@ def infer_body(metadata: dict[str, Any]) -> dict[str, Any]:
     for spec in metadata["inputs"]:
         shape = [1] + [1 if size == -1 else size for size in spec["shape"][1:]]
         data = np.zeros(shape, _DTYPES[spec["datatype"]]).ravel().tolist()
-        inputs.append(
-            {"name": spec["name"], "datatype": spec["datatype"], "shape": shape, "data": data.ravel().tolist()}
-        )
+        inputs.append({"name": spec["name"], "datatype": spec["datatype"], "shape": shape, "data": data})
     return {"inputs": inputs}
 
 
