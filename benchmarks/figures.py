@@ -63,6 +63,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     ),
     "soak": Benchmark("soak.py", ("--duration-s", "600"), ("--duration-s", "60", "--warmup-s", "20")),
     "many_models": Benchmark("many_models.py", ("--duration-s", "300"), ("--quick",)),
+    "many_models_ray": Benchmark("many_models_ray.py", ("--duration-s", "180"), ("--quick",)),
 }
 
 

@@ -60,6 +60,7 @@ class Tally:
     refusals: list[str] = field(default_factory=list)  # the first few 503 (UNAVAILABLE) messages
     failures: list[str] = field(default_factory=list)  # the first few failures, and why
     refusals_without_retry_after: int = 0
+    replicas: list[tuple[int, str]] = field(default_factory=list)  # (model, the replica that answered), behind Ray
 
     def add(self, model: int, sent: float, status: int, warm: bool | None, detail: str = "") -> None:
         """Note one answer (`detail`: its message, kept for the first few refusals and failures)."""
@@ -93,32 +94,47 @@ def http_request(entry: ModelEntry, host: str, seed: int) -> bytes:
     return (probe + infer).encode() + body
 
 
-async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
-    """(status, whether it has Retry-After, body) of one HTTP/1.1 answer."""
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, bool, bytes, bytes]:
+    """(status, whether it has Retry-After, body, head) of one HTTP/1.1 answer."""
     head = await reader.readuntil(b"\r\n\r\n")
     length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
     body = await reader.readexactly(int(length.group(1))) if length else b""
-    return int(head[9:12]), re.search(rb"(?i)\r\nretry-after: *\d", head) is not None, body
+    return int(head[9:12]), re.search(rb"(?i)\r\nretry-after: *\d", head) is not None, body, head
+
+
+def _header(head: bytes, name: str) -> bytes | None:
+    """The value of one header of an answer's head (None: not there)."""
+    found = re.search(rb"(?i)\r\n" + re.escape(name.encode()) + rb": *([^\r]*)", head)
+    return found.group(1) if found else None
 
 
 async def http_loop(
-    host: str, port: int, requests: Sequence[bytes], mix: Iterator[int], stop_at: float, tally: Tally
-) -> None:
-    """One connection's closed loop: check and infer, again and again, until `stop_at` (perf_counter)."""
+    host: str, port: int, requests: Sequence[bytes], mix: Iterator[int], stop_at: float, tally: Tally,
+    replica_header: str | None = None,
+) -> None:  # fmt: skip
+    """One connection's closed loop: check and infer, again and again, until `stop_at` (perf_counter). Behind a
+    proxy that sends each request to one of several replicas, `replica_header` names the header that says which
+    answered (noted in `tally.replicas`): a request whose check and infer two replicas answered is told neither
+    warm nor cold (None)."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while (sent := time.perf_counter()) < stop_at:
             model = next(mix)
             writer.write(requests[model])
             try:
-                ready, _, _ = await _read_answer(reader)
-                status, retry_after, body = await _read_answer(reader)
+                ready, _, _, ready_head = await _read_answer(reader)
+                status, retry_after, body, head = await _read_answer(reader)
             except (asyncio.IncompleteReadError, ConnectionError) as error:
                 tally.add(model, sent, 0, None, f"connection: {error!r}")
                 writer.close()
                 reader, writer = await asyncio.open_connection(host, port)
                 continue
             warm = {OK: True, REFUSED: False}.get(ready)
+            if replica_header is not None:
+                replica = _header(head, replica_header)
+                tally.replicas.append((model, (replica or b"").decode()))
+                if _header(ready_head, replica_header) != replica:
+                    warm = None
             if status == REFUSED and not (retry_after and BUDGET_NAME in body):
                 tally.refusals_without_retry_after += not retry_after
                 status = 5030  # not the documented refusal (Retry-After, the budget named): a failure
@@ -214,7 +230,7 @@ async def fetch_metrics(host: str, port: int) -> str:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        _, _, body = await _read_answer(reader)
+        _, _, body, _ = await _read_answer(reader)
     finally:
         writer.close()
     return body.decode()
