@@ -293,12 +293,13 @@ def render(result: dict[str, Any]) -> str:
     runs = result["runs"]
     source = {"many_models.json": "many_models.py's budget per worker", "estimate": "estimated",
               "--budget": "given"}[result["budget_source"]]  # fmt: skip
+    figures = "estimates" if result["budget_source"] == "estimate" else "own figures"
     text = (
         f"{repo['models']:,} models ({repo['big']} EfficientNet-sized), ONNX {repo['onnx_bytes'] / MB:,.0f} MB in "
         f"all, on `layerserve ray serve` with {parameters['replicas']} replicas of {parameters['replica_cpus']:g} "
         f"CPU each; budget {result['budget_bytes'] / MB:,.0f} MB per replica ({source}, "
         f"{100 * result['budget_bytes'] / result['figures_total_bytes']:.1f}% of the "
-        f"{result['figures_total_bytes'] / MB:,.0f} MB the versions' own figures add up to); Zipf s = "
+        f"{result['figures_total_bytes'] / MB:,.0f} MB the versions' {figures} add up to); Zipf s = "
         f"{parameters['zipf_s']}, {parameters['concurrency']} closed loops over HTTP through Ray's proxy, "
         f"{parameters['duration_s']:,.0f} s a run."
     )
