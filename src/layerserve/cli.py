@@ -137,7 +137,8 @@ def _budget_note(settings: Settings, version_folder: Path) -> str:
         return ""
     from layerserve.lifecycle.budget import first_load_estimate, megabytes
 
-    need, budget = first_load_estimate(version_folder), settings.model_memory_budget
+    process_min_bytes = int(settings.engine_process_min_mb * 1_000_000)
+    need, budget = first_load_estimate(version_folder, process_min_bytes), settings.model_memory_budget
     note = f"; needs about {megabytes(need)} of the {megabytes(budget)} model_memory_budget"
     return note + (": LARGER THAN THE BUDGET, it cannot load" if need > budget else "")
 

@@ -14,22 +14,29 @@ from layerserve.serving.version import ModelVersion, VersionState
 
 log = logging.getLogger(__name__)
 
-# A version not loaded before is estimated from its model file: the ONNX graph holds the same weights, and its
-# session, warm-up arena and the server's objects add about as much again for small models (measured in
-# docs/many-models.md); a load's own figure replaces the estimate once known.
-_FILE_FACTOR = 2.0
+# A version never loaded is estimated from its model file: its fixed cost, and its file's size times a factor. The
+# factor starts at what the weights and their session take here (about the file again), or in an engine process
+# (the session's arena for its activations, and the process's own memory: about six times the file for
+# EfficientNet-Lite0); each load's measured figure raises it to the largest seen for its kind (docs/many-models.md).
 _FIXED_BYTES = 2 << 20
+_START_FACTORS = {"here": 2.0, "engine process": 6.0}
 
 
-def first_load_estimate(version_folder: Path) -> int:
-    """What a version never loaded is expected to take: a multiple of its model file's size (see the factors)."""
+def model_file_bytes(version_folder: Path) -> int:
+    """The size of a version's model file (all of a SavedModel folder); 0 if it has none."""
     try:
         model_file = find_model_file(version_folder)
         files = [p for p in model_file.rglob("*") if p.is_file()] if model_file.is_dir() else [model_file]
-        size = sum(p.stat().st_size for p in files)
+        return sum(p.stat().st_size for p in files)
     except (OSError, LayerserveError):  # no model file: its load fails, and takes nothing
-        return _FIXED_BYTES
-    return int(size * _FILE_FACTOR) + _FIXED_BYTES
+        return 0
+
+
+def first_load_estimate(version_folder: Path, process_min_bytes: int, factors: dict[str, float] | None = None) -> int:
+    """What a version never loaded is expected to take (see the factors above)."""
+    size = model_file_bytes(version_folder)
+    kind = "engine process" if size >= process_min_bytes else "here"
+    return int(size * (factors or _START_FACTORS)[kind]) + _FIXED_BYTES
 
 
 class BudgetFullError(NotReadyError):
@@ -54,9 +61,11 @@ class MemoryBudget:
     """The budget's arithmetic: the versions' own memory figures (`ModelVersion.memory`), an estimate for those
     not loaded yet (the figure of their last load, else their file's size), and the choice of what to unload."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, process_min_bytes: int) -> None:
         self.limit = limit
+        self._process_min_bytes = process_min_bytes  # graphs this large open in an engine process
         self._measured: dict[tuple[object, ...], int] = {}  # a version's fingerprint -> its last load's figure
+        self._factors = dict(_START_FACTORS)
 
     def figure(self, version: ModelVersion) -> int:
         """What a version takes: its own figure once READY (and its cuts), else what its load is expected to."""
@@ -67,11 +76,18 @@ class MemoryBudget:
     def estimate(self, version: ModelVersion) -> int:
         """What loading `version` is expected to take: its last load's figure, else `first_load_estimate`."""
         measured = self._measured.get(version.fingerprint)
-        return measured if measured is not None else first_load_estimate(version.path)
+        if measured is not None:
+            return measured
+        return first_load_estimate(version.path, self._process_min_bytes, self._factors)
 
     def record(self, version: ModelVersion, taken: int) -> None:
-        """Remember what a load of this version took (its next load is expected to take as much)."""
+        """Remember what a load of this version took (its next load is expected to take as much), and what it
+        says of versions of its kind never loaded."""
         self._measured[version.fingerprint] = taken
+        size = model_file_bytes(version.path)
+        if size:
+            kind = "engine process" if size >= self._process_min_bytes else "here"
+            self._factors[kind] = max(self._factors[kind], (taken - _FIXED_BYTES) / size)
         if len(self._measured) > 100_000:  # versions that come and go for ever keep no trace of each
             self._measured.pop(next(iter(self._measured)))
 

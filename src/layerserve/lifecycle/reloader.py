@@ -67,7 +67,11 @@ class Reloader:
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         settings = registry.settings
-        self.budget = MemoryBudget(settings.model_memory_budget) if settings.loads_on_demand else None
+        self.budget = (
+            MemoryBudget(settings.model_memory_budget, int(settings.engine_process_min_mb * 1_000_000))
+            if settings.loads_on_demand
+            else None
+        )
         self._loading: dict[tuple[str, int], asyncio.Task[ModelVersion]] = {}  # on-demand loads, one per version
         self._waiting: dict[tuple[str, int], int] = {}  # requests waiting for each of them
 
