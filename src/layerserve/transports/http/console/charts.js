@@ -18,7 +18,7 @@ function svg(tag, attributes = {}, text = "") {
 
 // A line chart of series [{name, points: [[x, value | null]]}] from `xStart` to `xEnd`, with `xLabels` ([[text, x]]).
 // `top`: a fixed top of the value axis (1 for a fraction), else the values' maximum with headroom.
-function plot(title, series, { format, xStart, xEnd, xLabels, width = WIDTH, top: fixedTop }) {
+function plot(title, series, { format, xStart, xEnd, xLabels, width = WIDTH, top: fixedTop, note = "" }) {
   const span = xEnd - xStart || 1;
   const values = series.flatMap((s) => s.points.map((p) => p[1])).filter((v) => v !== null && Number.isFinite(v));
   const top = fixedTop ?? (Math.max(...values, 0) * 1.15 || 1);
@@ -54,16 +54,17 @@ function plot(title, series, { format, xStart, xEnd, xLabels, width = WIDTH, top
     return h("span", {}, h("i", { style: `background:${s.color ?? COLORS[index % COLORS.length]}` }),
       `${s.name} ${last ? format(last[1]) : "–"}`);
   }));
-  return h("div", { class: "chart", "data-chart": title }, h("h3", { text: title }), chart, legend);
+  return h("div", { class: "chart", "data-chart": title }, h("h3", { text: title + note }), chart, legend);
 }
 
 // A live line chart: points at unix seconds, over the last `windowS` seconds up to `now`.
-export function lineChart(title, series, { format = (v) => v.toFixed(1), windowS = 120, now } = {}) {
+// `note` follows the title in its heading (the chart keeps its title as its name).
+export function lineChart(title, series, { format = (v) => v.toFixed(1), windowS = 120, now, note = "" } = {}) {
   const end = now ?? Date.now() / 1000;
   const start = end - windowS;
   const ago = (seconds) => (seconds >= 90 ? `-${(seconds / 60).toFixed(seconds % 60 ? 1 : 0)} min` : `-${Math.round(seconds)} s`);
   const xLabels = [[ago(windowS), start], [ago(windowS / 2), start + windowS / 2], ["now", end]];
-  return plot(title, series, { format, xStart: start, xEnd: end, xLabels });
+  return plot(title, series, { format, xStart: start, xEnd: end, xLabels, note });
 }
 
 // A chart per training epoch: points at epochs 1..`epochs`; `top` fixes the value axis (1 for accuracy).

@@ -193,9 +193,9 @@ function charts(context, focus) {
   const steps = pairs(history);
   const names = busiest(history, CHARTED);
   const capped = names.length < Object.keys(doc.series).length ? ` · the ${names.length} busiest` : "";
-  const perModel = (title, pick, format) => lineChart(title + capped, names.map((name) => ({
+  const perModel = (title, pick, format) => lineChart(title, names.map((name) => ({
     name, points: steps.map(([previous, current]) => [current.t, pick(previous, current, name)]),
-  })), { format, now: doc.server.time, windowS });
+  })), { format, now: doc.server.time, windowS, note: capped });
   const focused = (title, lines, format) => lineChart(title, lines.map(([name, pick]) => ({
     name, points: steps.map(([previous, current]) => [current.t, pick(previous, current)]),
   })), { format, now: doc.server.time, windowS });
