@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +51,22 @@ def png(color: tuple[int, int, int]) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (12, 10), color).save(out, format="PNG")
     return out.getvalue()
+
+
+def test_reading_and_running_warmup_requests_imports_no_tensorflow(tmp_path: Path) -> None:
+    write_tf_warmup(tmp_path, [predict_log({"x": np.ones((1, 10), np.float32)})])
+    code = (
+        "import sys; from pathlib import Path; from layerserve.serving.warmup import read_requests, WarmupTarget\n"
+        "from layerserve.lifecycle.model import Signature; from layerserve.serving.layers import LayerGraph\n"
+        "from layerserve.serving.request_checks import RequestChecks; from layerserve.tensors import TensorSpec\n"
+        "from layerserve.serving.input_codec import InputCodec\n"
+        "s = Signature((TensorSpec('x', 'FP32', (-1, 10)),), (TensorSpec('p', 'FP32', (-1, 3)),)); g = LayerGraph(s)\n"
+        "t = WarmupTarget(g, RequestChecks(g), InputCodec('m', s, 'p'), lambda i, o: {}, 4, 100)\n"
+        "requests = list(read_requests(Path(sys.argv[1]), 'm', t))\n"
+        "print(len(requests), 'tensorflow' in sys.modules)"
+    )
+    answer = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert answer.stdout.split() == ["1", "False"]
 
 
 def test_batch_sizes_are_every_size_the_batcher_may_send_and_the_requests_own() -> None:
