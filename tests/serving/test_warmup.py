@@ -26,7 +26,7 @@ from layerserve.settings import Settings
 from layerserve.tensors import Array, TensorSpec
 from tests.live_server import LiveServer, start_server
 from tests.models import build_mlp, build_tiny_image, save_model
-from tests.protocols.test_tfserving_warmup import field, predict_log
+from tests.protocols.test_tfserving_warmup import examples_log, field, predict_log
 
 TF_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 
@@ -108,7 +108,8 @@ def warm_server(tmp_path_factory: pytest.TempPathFactory, engine_cache: Path) ->
         folders[name].mkdir(parents=True)
         shutil.copy(mlp_file, folders[name] / "model.keras")  # one file: exported to ONNX once
     (repo / "warm_tf" / "config.yaml").write_text("max_batch_size: 4\n")
-    write_tf_warmup(folders["warm_tf"], [predict_log({"x": x}), predict_log({"x": x[:1]}, ("probs",))])
+    classify = examples_log(2, [{"x": row.tolist()} for row in x])  # a classify log: tf.train.Examples
+    write_tf_warmup(folders["warm_tf"], [predict_log({"x": x}), predict_log({"x": x[:1]}, ("probs",)), classify])
     (folders["warm_json"] / "warmup").mkdir()
     (folders["warm_json"] / "warmup" / "rows.json").write_bytes(v2_body(x))
     write_tf_warmup(folders["bad_shape"], [predict_log({"x": x}), predict_log({"x": x[:, :9]})])
