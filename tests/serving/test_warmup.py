@@ -24,8 +24,9 @@ from layerserve.serving.request_checks import RequestChecks
 from layerserve.serving.warmup import WarmupTarget, batch_sizes, run_warmup
 from layerserve.settings import Settings
 from layerserve.tensors import Array, TensorSpec
+from layerserve.training.tokenizer import Tokenizer
 from tests.live_server import LiveServer, start_server
-from tests.models import build_mlp, build_tiny_image, save_model
+from tests.models import build_mlp, build_tiny_image, build_tiny_text, save_model
 from tests.protocols.test_tfserving_warmup import examples_log, field, predict_log
 
 TF_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
@@ -125,6 +126,13 @@ def warm_server(tmp_path_factory: pytest.TempPathFactory, engine_cache: Path) ->
     (repo / "image" / "config.yaml").write_text("input: image\nresize: squash\nmax_batch_size: 2\n")
     colors = np.array([png((255, 0, 0)), png((0, 0, 255))], dtype=object)
     write_tf_warmup(image, [predict_log({"image": colors})])
+    tokenizer = Tokenizer(sequence_length=6).fit(["good great fine", "bad awful poor"])
+    text = save_model(build_tiny_text(tokenizer.size, 6), repo / "text" / "1", "model.keras").parent
+    tokenizer.save(text)
+    (repo / "text" / "config.yaml").write_text("input: text\nmax_batch_size: 3\n")
+    (text / "warmup").mkdir()
+    texts = {"name": "tokens", "datatype": "BYTES", "shape": [2], "data": ["good fine", "awful"]}
+    (text / "warmup" / "texts.json").write_bytes(orjson.dumps({"inputs": [texts]}))
     live = start_server(Settings(model_repository=repo, engine_cache_dir=engine_cache))
     yield live, repo
     live.stop()
@@ -141,7 +149,7 @@ def test_versions_with_good_warmup_requests_serve_and_bad_ones_fail_naming_the_f
 ) -> None:
     live, _ = warm_server
     rows = _index(live)
-    for name in ("plain", "warm_tf", "warm_json", "image"):
+    for name in ("plain", "warm_tf", "warm_json", "image", "text"):
         assert rows[name]["state"] == "READY", rows[name]
     assert rows["bad_shape"]["state"] == "FAILED"
     assert "warm-up request assets.extra/tf_serving_warmup_requests record 1: input 'x'" in rows["bad_shape"]["reason"]
