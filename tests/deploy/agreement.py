@@ -43,9 +43,13 @@ class Served:
     settings: Settings
 
 
+def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+
+
 def images(documents: list[Document]) -> set[str]:
-    """Every container image the manifests name."""
-    return {c.get("image", "") for d in documents for _, pod in pod_specs(d) for c in pod.get("containers") or []}
+    """Every container image the manifests name (init containers' too)."""
+    return {c.get("image", "") for d in documents for _, pod in pod_specs(d) for c in _containers(pod)}
 
 
 def image_problems(documents: list[Document]) -> list[str]:
@@ -90,17 +94,21 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def served(documents: list[Document]) -> tuple[list[Served], list[str]]:
-    """Each container running `layerserve`, with its settings; the problems of those that do not parse."""
+    """Each container running `layerserve`, with its settings; the problems of those (init containers' too, e.g.
+    an export ahead of the server) whose arguments or variables do not parse."""
     found, problems = [], []
     for document in documents:
         for where, pod in pod_specs(document):
-            for container in pod.get("containers") or []:
+            for container in _containers(pod):
                 if (container.get("command") or [""])[0] != "layerserve":
                     continue
                 try:
-                    found.append(Served(f"{where} {container['name']}", container, pod, serve_settings(container)))
+                    settings = serve_settings(container)
                 except LayerserveError as error:
                     problems.append(f"{where} {container['name']}: {error.message}")
+                    continue
+                if container in (pod.get("containers") or []):
+                    found.append(Served(f"{where} {container['name']}", container, pod, settings))
     return found, problems
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from layerserve import __version__
 from tests.deploy.agreement import agreement_problems, image_problems, images
 from tests.deploy.manifest_checks import (
     KSERVE_KINDS,
@@ -28,6 +29,7 @@ from tests.deploy.manifest_checks import (
 )
 
 DOCUMENTS = read_documents(manifest_files())
+IMAGE = f"localhost/layerserve:{__version__}"  # the one image the manifests name
 EXPECTED = {
     "kubernetes/deployment.yaml": ["Deployment"],
     "kubernetes/service.yaml": ["Service"],
@@ -39,7 +41,7 @@ EXPECTED = {
 }
 
 
-def test_deploy_holds_the_manifests_each_kind_checked() -> None:
+def test_deploy_holds_each_manifest() -> None:
     found: dict[str, list[str]] = {}
     for document in DOCUMENTS:
         found.setdefault(f"{document.path.parent.name}/{document.path.name}", []).append(document.kind)
@@ -53,18 +55,12 @@ def test_manifest_matches_the_kubernetes_schemas(document: Document) -> None:
 
 def test_manifests_agree_with_the_code() -> None:
     assert agreement_problems(DOCUMENTS) == []
-    assert images(DOCUMENTS) == {f"localhost/layerserve:{_version()}"}
+    assert images(DOCUMENTS) == {IMAGE}
 
 
 @pytest.mark.slow
 def test_rayservice_gives_layerserve_what_it_reads() -> None:
     assert kuberay_problems(DOCUMENTS) == []
-
-
-def _version() -> str:
-    from layerserve import __version__
-
-    return __version__
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +141,7 @@ SCHEMA_BREAKS = {
     "'mem' was unexpected": (RUNTIME_FILE, [(f"{RUNTIME}.mem", "2Gi")]),
     "mounts 'cache', no volume": (RUNTIME_FILE, [("spec.volumes", DELETE)]),
     "is not of type 'array'": ("kuberay/rayservice.yaml", [(f"{HEAD}.containers.0.ports", 8000)]),
+    "mounts 'models', no volume": ("kuberay/rayservice.yaml", [(f"{HEAD}.volumes", DELETE)]),
 }
 AGREEMENT_BREAKS = {
     "no such setting": (DEPLOYMENT, [(f"{CONTAINER}.env.2.name", "LAYERSERVE_GRPC_PROT")]),
@@ -159,6 +156,9 @@ AGREEMENT_BREAKS = {
     "not a read-only volume mount": (DEPLOYMENT, [(f"{CONTAINER}.volumeMounts.0.readOnly", False)]),
     "engine_cache_dir": (DEPLOYMENT, [(f"{CONTAINER}.env.4.value", "/models/.onnx")]),
     "expected one": (DEPLOYMENT, [(f"{CONTAINER}.image", "localhost/layerserve:0.0.9")]),
+    "invalid choice: 'exprt'": (DEPLOYMENT, [(f"{POD}.initContainers", [
+        {"name": "export", "image": IMAGE, "command": ["layerserve"], "args": ["exprt", "/models"]},
+    ])]),
     "no named port": ("kubernetes/service.yaml", [("spec.ports.1.targetPort", "grpcc")]),
     "KServe's storage initializer": (RUNTIME_FILE, [(f"{RUNTIME}.args", ["serve", "/models"])]),
     "metrics annotated": (RUNTIME_FILE, [("spec.annotations", {PROMETHEUS_PORT: "80"})]),
@@ -189,7 +189,7 @@ def test_image_check_fails_on_a_tag_other_than_the_package_version() -> None:
             for container in pod["containers"]:
                 container["image"] = "localhost/layerserve:latest"
     assert image_problems(documents) == [
-        f"image localhost/layerserve:latest is not tagged with the package's version {_version()}"
+        f"image localhost/layerserve:latest is not tagged with the package's version {__version__}"
     ]
 
 
