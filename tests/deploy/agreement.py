@@ -167,8 +167,8 @@ def mount_problems(served: Served) -> Iterator[str]:
 
 
 def service_problems(documents: list[Document], containers: list[Served]) -> Iterator[str]:
-    """Each Service of a Deployment reaches its doors: a named targetPort of the pod, `http` on the HTTP port and
-    `grpc` on the gRPC port."""
+    """Each Service of a Deployment reaches its doors: ports named `http` and `grpc`, each on a named targetPort of
+    the pod, `http` on the HTTP door and `grpc` on the gRPC door."""
     deployments = [d for d in documents if d.kind == "Deployment"]
     for service in (d for d in documents if d.kind == "Service"):
         selector = service.body["spec"].get("selector") or {}
@@ -178,6 +178,8 @@ def service_problems(documents: list[Document], containers: list[Served]) -> Ite
         if not targets:
             continue  # a RayService's (kuberay_problems checks those)
         pods = [s for s in containers if s.pod is targets[0].body["spec"]["template"]["spec"]]
+        if missing := {"http", "grpc"} - {port.get("name") for port in service.body["spec"]["ports"]}:
+            yield f"{service}: no port named {' or '.join(sorted(missing))}"
         for port in service.body["spec"]["ports"]:
             reached = [s for s in pods if _port(s.container, port["targetPort"]) != port["targetPort"]]
             door = {"http": "port", "grpc": "grpc_port"}.get(port.get("name", ""))

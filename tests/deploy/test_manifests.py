@@ -160,6 +160,7 @@ AGREEMENT_BREAKS = {
         {"name": "export", "image": IMAGE, "command": ["layerserve"], "args": ["exprt", "/models"]},
     ])]),
     "no named port": ("kubernetes/service.yaml", [("spec.ports.1.targetPort", "grpcc")]),
+    "no port named grpc": ("kubernetes/service.yaml", [("spec.ports.1.name", "h2c")]),
     "KServe's storage initializer": (RUNTIME_FILE, [(f"{RUNTIME}.args", ["serve", "/models"])]),
     "metrics annotated": (RUNTIME_FILE, [("spec.annotations", {PROMETHEUS_PORT: "80"})]),
     "protocolVersions": (RUNTIME_FILE, [("spec.protocolVersions", ["v2"])]),
