@@ -146,3 +146,32 @@ def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 120) -> 
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.02)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc/PID/task/*/children)."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(child) for child in children.read_text().split()]
+        except OSError:
+            continue
+    return found + [grandchild for child in found for grandchild in descendants(child)]
+
+
+def preparer_children(pid: int) -> list[int]:
+    """The live preparer child processes (`python -m layerserve.lifecycle.preparer_child`) below process `pid`."""
+    found = []
+    for child in descendants(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"layerserve.lifecycle.preparer_child" in command and is_running(child):
+            found.append(child)
+    return found
+
+
+def maps_tensorflow(pid: int) -> bool:
+    """Whether the process has TensorFlow's library mapped (it imported TensorFlow)."""
+    return "libtensorflow" in Path(f"/proc/{pid}/maps").read_text()

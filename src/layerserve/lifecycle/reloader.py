@@ -97,8 +97,9 @@ class Reloader:
                         self._repository, selected, self._repository,
                     )  # fmt: skip
                 scanned = await asyncio.to_thread(self._scan_all, [folder.name for folder in folders])
-                for name, found in scanned.items():
-                    await self._sync(name, wait_for_copies=False, scanned=found)
+                with self._registry.preparer.held():  # one preparer child for the loads, one after the other
+                    for name, found in scanned.items():
+                        await self._sync(name, wait_for_copies=False, scanned=found)
         finally:
             self._registry.mark_settled()
 
@@ -118,8 +119,9 @@ class Reloader:
             present = await asyncio.to_thread(lambda: [folder.name for folder in self._served_folders()])
             polled = [name for name in sorted(present) if not self._is_unloaded(name)]
             scanned = await asyncio.to_thread(self._scan_all, polled)
-            for name, found in scanned.items():
-                await self._sync(name, wait_for_copies=True, scanned=found)
+            with self._registry.preparer.held():
+                for name, found in scanned.items():
+                    await self._sync(name, wait_for_copies=True, scanned=found)
             for name in set(self._registry.models) - set(present):
                 self._retire_all(self._registry.models.pop(name))
 
