@@ -1,12 +1,15 @@
-"""Faults degrade one thing, loudly: a model file deleted while serving, an unwritable repository for apply
-and training, and no unpickling anywhere but the demo's restricted converter."""
+"""Faults degrade one thing, loudly: a model file deleted while serving, a read-only repository (served; apply,
+unpin and training refused with a 409 before they start), and no unpickling anywhere but the demo's restricted
+converter."""
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +18,7 @@ from pathlib import Path
 import httpx
 import keras
 import numpy as np
+import pytest
 
 from corpora import rotten_tomatoes
 from layerserve.settings import Settings
@@ -74,28 +78,45 @@ def read_only(folder: Path) -> Iterator[None]:
         subprocess.run(["umount", str(folder)], check=True)
 
 
-def test_unwritable_repository_fails_apply_and_training_cleanly(tmp_path: Path) -> None:
+def test_a_read_only_repository_serves_and_refuses_changes_before_they_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # where job records go when the repository is read-only
     repo = tmp_path / "repo"
     texts, labels = rotten_tomatoes(300)
     params = TextTrainingParams(epochs=1)
     write_version(repo / "reviews", train_text_classifier(texts, labels, params), params)
+    with (tmp_path / "reviews.csv").open("w", newline="") as data:
+        csv.writer(data).writerows([("text", "label"), *zip(texts, labels, strict=True)])
     with read_only(repo):
-        settings = Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache", jobs_dir=tmp_path / "jobs")
-        live = start_server(settings)
+        live = start_server(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache"))  # no jobs_dir
         try:
             url = live.url
-            apply = httpx.post(f"{url}/v2/models/reviews/versions/1/apply")
-            assert apply.status_code == 503 and "cannot" in apply.json()["error"].lower(), apply.text
-            body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 1}}
-            job_id = httpx.post(f"{url}/v2/models/reviews/train", json=body).json()["job_id"]
-            while (job := httpx.get(f"{url}/v2/jobs/{job_id}").json())["state"] in ("queued", "running"):
-                time.sleep(0.2)
-            assert job["state"] == "failed" and re.search("Read-only file system|Permission denied", job["error"]), job
-            assert sorted(p.name for p in (repo / "reviews").iterdir()) == ["1", "config.yaml"]  # nothing half-written
+            assert httpx.get(f"{url}/v2/jobs").json() == {"jobs": []}  # the records live elsewhere
+            assert (tmp_path / "home" / ".cache" / "layerserve" / "jobs" / "jobs.sqlite3").is_file()
+            for path, body, folder in (
+                ("reviews/versions/1/apply", None, repo / "reviews"),
+                ("reviews/apply", {"version": "latest"}, repo / "reviews"),
+                ("reviews/train", {"dataset": {"texts": texts, "labels": labels}}, repo / "reviews"),
+                ("new_model/train", {"dataset": {"texts": texts, "labels": labels}}, repo),
+            ):
+                answer = httpx.post(f"{url}/v2/models/{path}", json=body)
+                assert answer.status_code == 409, (path, answer.text)
+                error = answer.json()["error"]
+                assert f"folder {folder} cannot be written" in error and "mounted read-write" in error, error
+                assert re.search("Read-only file system|Permission denied", error), error
+            assert httpx.get(f"{url}/v2/jobs").json() == {"jobs": []}  # no job was started
+            assert sorted(p.name for p in repo.iterdir()) == ["reviews"]
+            assert sorted(p.name for p in (repo / "reviews").iterdir()) == ["1", "config.yaml"]
             answer = httpx.post(f"{url}/v2/models/reviews/classify", json={"texts": ["a fine film"]})
             assert answer.status_code == 200  # the server serves on
+            assert httpx.get(f"{url}/v2/health/ready").status_code == 200
         finally:
             live.stop()
+        data_flag = ["--data", str(tmp_path / "reviews.csv")]
+        command = [sys.executable, "-m", "layerserve", "train", str(repo), "reviews", *data_flag]
+        cli = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        assert cli.returncode == 2 and f"folder {repo / 'reviews'} cannot be written" in cli.stderr, cli.stderr
 
 
 def test_nothing_is_unpickled_but_the_demo_checkpoint() -> None:
