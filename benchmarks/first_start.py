@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -163,7 +164,8 @@ def render(result: dict[str, Any]) -> str:
         f"`layerserve serve` of `{', '.join(MODELS)}`, sampled every {_EVERY_S * 1000:.0f} ms from its start until "
         f"{after:g} s after each model answered its first request; memory summed over the server's process tree. "
         f"The warm start's cache was filled by `layerserve export` beforehand, in {ahead['seconds']:.0f} s, peaking "
-        f"at {ahead['peak_rss_mib']:,.0f} MiB RSS ({ahead['peak_pss_mib']:,.0f} MiB PSS): {ahead['summary']}.\n\n"
+        f"at {ahead['peak_rss_mib']:,.0f} MiB RSS ({ahead['peak_pss_mib']:,.0f} MiB PSS): "
+        f"{re.sub(' into [^:]+:', ':', ahead['summary'])}.\n\n"
         f"{table(header, rows)}"
     )
 
