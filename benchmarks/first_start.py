@@ -36,22 +36,12 @@ import httpx
 
 from cold_start import infer_body
 from demo_server import wait_ready
+from many_models_load import sample_memory
 from results import arguments, table, write_result
-from soak_server import descendants, free_port, role_of
+from soak_server import free_port
 
 MODELS = ("token_classifier", "efficientnet_lite0")
 _EVERY_S = 0.05
-
-
-def _memory_kb(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) of a process in kB; (0, 0) once it is gone."""
-    values = {"Rss:": 0, "Pss:": 0}
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            key, *rest = line.split()
-            if key in values:
-                values[key] = int(rest[0])
-    return values["Rss:"], values["Pss:"]
 
 
 @dataclass
@@ -63,23 +53,16 @@ class TreeSampler:
     peak_pss_kb: int = 0
     last_rss_kb: int = 0
     last_pss_kb: int = 0
-    roles: set[str] = field(default_factory=set)
     last_roles: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def sample(self) -> None:
         """One sample of every live process of the tree."""
-        pids = [self.root, *descendants(self.root)]
-        rss = pss = 0
-        roles: set[str] = set()
-        for pid in pids:
-            one_rss, one_pss = _memory_kb(pid)
-            if one_rss:
-                rss, pss = rss + one_rss, pss + one_pss
-                roles.add(role_of(pid, self.root, workers=False))
+        now = sample_memory(self.root, False, 0.0)
+        rss, pss = now.rss_bytes // 1024, now.pss_bytes // 1024
         self.peak_rss_kb, self.peak_pss_kb = max(self.peak_rss_kb, rss), max(self.peak_pss_kb, pss)
-        self.last_rss_kb, self.last_pss_kb, self.last_roles = rss, pss, roles
-        self.roles |= roles
+        self.last_rss_kb, self.last_pss_kb = rss, pss
+        self.last_roles = {role for role, taken in now.by_role.items() if taken}
 
     def run(self) -> None:
         """Sample until `stop`."""
@@ -144,7 +127,7 @@ def first_start(repository: Path, cache: Path, after_s: float, *flags: str) -> d
     return {
         "ready_s": ready_s, "answered_s": answered_s, "peak_rss_mib": peak_rss / 1024,
         "peak_pss_mib": peak_pss / 1024, "after_rss_mib": sampler.last_rss_kb / 1024,
-        "after_pss_mib": sampler.last_pss_kb / 1024, "roles": sorted(sampler.roles),
+        "after_pss_mib": sampler.last_pss_kb / 1024,
         "roles_after": sorted(sampler.last_roles),
     }  # fmt: skip
 

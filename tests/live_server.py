@@ -18,6 +18,7 @@ import uvloop
 
 from layerserve.server import Server
 from layerserve.settings import Settings
+from soak_server import descendants  # benchmarks/, on the tests' path
 
 
 def free_port() -> int:
@@ -146,17 +147,6 @@ def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 120) -> 
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.02)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (from /proc/PID/task/*/children)."""
-    found: list[int] = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found += [int(child) for child in children.read_text().split()]
-        except OSError:
-            continue
-    return found + [grandchild for child in found for grandchild in descendants(child)]
 
 
 def preparer_children(pid: int) -> list[int]:

@@ -5,14 +5,10 @@ converter."""
 from __future__ import annotations
 
 import csv
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -25,6 +21,7 @@ from layerserve.settings import Settings
 from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
 from tests.live_server import start_server
 from tests.models import build_mlp, save_model
+from tests.read_only import read_only
 
 X = {"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}
 
@@ -50,32 +47,6 @@ def test_model_file_deleted_while_serving(tmp_path: Path) -> None:
         assert "holds no model file" in index[0]["reason"]
     finally:
         live.stop()
-
-
-@contextmanager
-def read_only(folder: Path) -> Iterator[None]:
-    """Make `folder` unwritable for the server: a read-only tmpfs holding its files when running as root
-    (permissions do not bind root), else permissions."""
-    if os.geteuid() != 0:
-        paths = [folder, *folder.rglob("*")]
-        for path in paths:
-            path.chmod(path.stat().st_mode & 0o555)
-        try:
-            yield
-        finally:
-            for path in paths:
-                path.chmod(path.stat().st_mode | 0o200)
-        return
-    staged = folder.with_name(folder.name + ".files")
-    folder.rename(staged)
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)], check=True)
-    try:
-        shutil.copytree(staged, folder, dirs_exist_ok=True)
-        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
-        yield
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
 
 
 def test_a_read_only_repository_serves_and_refuses_changes_before_they_start(

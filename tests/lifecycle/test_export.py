@@ -23,6 +23,7 @@ from tests.live_server import (
     wait_process_ready,
 )
 from tests.models import build_mlp, build_multi, load_reference, save_model
+from tests.read_only import read_only
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,9 @@ def _infer(url: str, model: str, inputs: dict[str, np.ndarray]) -> list[np.ndarr
     return [np.array(output["data"]).reshape(output["shape"]) for output in answer.json()["outputs"]]
 
 
-def test_a_server_starts_on_the_exported_cache_without_preparing(tmp_path: Path) -> None:
+def test_a_server_starts_on_the_exported_cache_without_preparing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo, cache = tmp_path / "repo", tmp_path / "cache"
     save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
     save_model(build_multi(), repo / "multi" / "1", "model.keras")
@@ -68,6 +71,15 @@ def test_a_server_starts_on_the_exported_cache_without_preparing(tmp_path: Path)
         f"2 models, 2 versions into {cache}: 0 exported, 2 cached, 0 on Keras, 0 skipped, 0 failed"
     )
 
+    for path in cache.rglob("*"):  # readable by the server's user, if another exported (an image build's root)
+        wanted = 0o055 if path.is_dir() else 0o044
+        assert path.stat().st_mode & wanted == wanted, (path, oct(path.stat().st_mode))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the server's job records go there
+    with read_only(repo), read_only(cache):  # as a container mounts them
+        _serve_without_preparing(repo, cache)
+
+
+def _serve_without_preparing(repo: Path, cache: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # A preparer child that ran at this start would still be there, 10 minutes long.

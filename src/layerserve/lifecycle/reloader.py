@@ -80,10 +80,11 @@ class Reloader:
         settings = self._registry.settings
         problem = cache_problem(settings.engine_cache_dir) if settings.engine != "keras" else ""
         if problem:
-            outcome = "none can load (engine: onnx)" if settings.engine == "onnx" else "each serves on Keras"
+            outcome = "fails (engine: onnx)" if settings.engine == "onnx" else "serves on Keras"
             log.error(
-                "the engine cache %s cannot be written (%s): no model can be exported to ONNX, %s; "
-                "set engine_cache_dir (--engine-cache-dir) to a writable folder",
+                "the engine cache %s cannot be written (%s): no model can be exported to ONNX; a version whose "
+                "export is not in it yet (`layerserve export` fills it ahead) %s; set engine_cache_dir "
+                "(--engine-cache-dir) to a writable folder",
                 settings.engine_cache_dir, problem, outcome,
             )  # fmt: skip
         try:

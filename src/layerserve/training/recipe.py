@@ -119,15 +119,18 @@ def check_text_model(model_dir: Path) -> None:
 
 
 def check_version_writable(model_dir: Path) -> None:
-    """Training writes its version into the model's folder (a new model's, beside the others): refuse before it
-    starts when that folder is read-only.
+    """Training writes its version into the model's folder (a new model's, beside the others; a new repository's,
+    into the nearest folder there is): refuse before it starts when that folder is read-only.
 
     Raises:
         ReadOnlyRepositoryError: the folder cannot be written (409).
     """
     from layerserve.lifecycle.repository import check_writable
 
-    check_writable(model_dir if model_dir.is_dir() else model_dir.parent, f"train model '{model_dir.name}'")
+    folder = model_dir
+    while not folder.is_dir() and folder.parent != folder:
+        folder = folder.parent
+    check_writable(folder, f"train model '{model_dir.name}'")
 
 
 def train_text_classifier(
