@@ -361,7 +361,7 @@ class Preparer:
             if worked:
                 self._last_work = time.monotonic()
             if self._busy == 0 and self._child is not None and self._timer is None and not self._closed:
-                self._start_timer(self._idle_s)
+                self._start_timer(max(0.0, self._last_work + self._idle_s - time.monotonic()))
 
     def _start_timer(self, delay_s: float) -> None:
         """Check for idleness in `delay_s` (the caller holds the lock)."""
