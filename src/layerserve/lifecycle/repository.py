@@ -51,7 +51,7 @@ _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 def write_problem(folder: Path) -> str:
     """Why no file can be created in `folder` (as the OS says: a read-only mount, no permission); "" when one can.
-    A real write, not `os.access`: a read-only bind mount or a root user's rights answer only to one."""
+    A real write, not permission bits or `os.access`: root passes those, and only a write tells what a mount allows."""
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
