@@ -57,6 +57,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "memory": Benchmark("memory.py", (), ("--quick",)),
     "cold_start": Benchmark("cold_start.py", ("--rounds", "20", "--warm", "50"), ("--rounds", "2", "--warm", "5")),
     "warmup": Benchmark("warmup.py", ("--rounds", "3", "--requests", "100"), ("--rounds", "1", "--requests", "32")),
+    "first_start": Benchmark("first_start.py", ("--after-s", "5"), ("--after-s", "1")),
     "ray_scale": Benchmark(
         "ray_scale.py",
         ("--duration-s", "6", "--ingress", "proxy", "haproxy-lean", "direct"),

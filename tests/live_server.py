@@ -18,6 +18,7 @@ import uvloop
 
 from layerserve.server import Server
 from layerserve.settings import Settings
+from soak_server import descendants  # benchmarks/, on the tests' path
 
 
 def free_port() -> int:
@@ -146,3 +147,21 @@ def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 120) -> 
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.02)
+
+
+def preparer_children(pid: int) -> list[int]:
+    """The live preparer child processes (`python -m layerserve.lifecycle.preparer_child`) below process `pid`."""
+    found = []
+    for child in descendants(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"layerserve.lifecycle.preparer_child" in command and is_running(child):
+            found.append(child)
+    return found
+
+
+def maps_tensorflow(pid: int) -> bool:
+    """Whether the process has TensorFlow's library mapped (it imported TensorFlow)."""
+    return "libtensorflow" in Path(f"/proc/{pid}/maps").read_text()

@@ -1,5 +1,5 @@
-"""The command line: `layerserve serve | ray serve | models | bench | train | demo build`; every setting is also a
-flag."""
+"""The command line: `layerserve serve | ray serve | models | export | bench | train | demo build`; every setting is
+also a flag."""
 
 from __future__ import annotations
 
@@ -131,6 +131,16 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from layerserve.lifecycle.export import export_repository, summary
+
+    settings = _settings(args, model_repository=args.repository)
+    configure_logging("warning")
+    outcomes = export_repository(settings, lambda outcome: print(outcome.line(), flush=True))
+    print(summary(outcomes, settings))
+    return 1 if any(outcome.state == "failed" for outcome in outcomes) else 0
+
+
 def _budget_note(settings: Settings, version_folder: Path) -> str:
     """Under a memory budget, what a version is expected to take, and whether it can ever load."""
     if not settings.loads_on_demand:
@@ -169,6 +179,7 @@ def _train(args: argparse.Namespace) -> int:
         TextTrainingParams,
         check_dataset,
         check_text_model,
+        check_version_writable,
         train_text_classifier,
         write_version,
     )
@@ -185,6 +196,7 @@ def _train(args: argparse.Namespace) -> int:
     check_dataset(texts, labels)
     model_dir = args.repository / args.model
     check_text_model(model_dir)
+    check_version_writable(model_dir)
     given = {name: getattr(args, name) for name in TextTrainingParams.model_fields if getattr(args, name) is not None}
     params = TextTrainingParams.parse(given)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -273,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings_flags(models, skip={"model_repository"})
     models.set_defaults(run=_models)
 
+    _add_export_command(commands)
+
     bench = commands.add_parser("bench", help="closed-loop load test of a running server")
     bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8000 (https: both doors over TLS)")
     bench.add_argument("--model", required=True)
@@ -319,6 +333,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_demo_commands(commands)
     return parser
+
+
+def _add_export_command(commands: Any) -> None:
+    """`layerserve export`."""
+    export = commands.add_parser(
+        "export",
+        help="fill the export cache for the versions a server would load (before it starts: an image build, an "
+        "init container); exit status 1 if one failed",
+    )
+    export.add_argument("repository", type=Path, help="folder of models: <repo>/<model>/<version>/")
+    add_settings_flags(export, skip={"model_repository"})
+    export.set_defaults(run=_export)
 
 
 def _add_demo_commands(commands: Any) -> None:

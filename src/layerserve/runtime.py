@@ -32,7 +32,7 @@ from layerserve.metrics import (
 )
 from layerserve.serving.registry import ModelRegistry
 from layerserve.settings import Settings
-from layerserve.training.job_store import Job, open_job_store
+from layerserve.training.job_store import Job, open_job_store, records_dir
 from layerserve.training.jobs import JobRunner
 from layerserve.training.launchers import TrainingLauncher
 
@@ -188,16 +188,21 @@ class Runtime:
         """The job runner, or None and why (fail-soft: serving goes on without training jobs). Its records are
         in Redis with `redis_url` (replicas on several machines share them), else in SQLite."""
         settings = self.settings
-        try:
-            store = open_job_store(
-                settings.job_records_dir, settings.redis_url, settings.cache_key_prefix, _JOB_RECORDS_TIMEOUT_S
+        folder = records_dir(settings.jobs_dir, settings.model_repository)
+        if settings.jobs_dir is None and folder.parent != settings.model_repository:
+            log.info(
+                "the repository %s cannot be written: training job records are kept in %s",
+                settings.model_repository,
+                folder,
             )
+        try:
+            store = open_job_store(folder, settings.redis_url, settings.cache_key_prefix, _JOB_RECORDS_TIMEOUT_S)
             runner = JobRunner(
-                settings.job_records_dir, settings.training_threads, settings.model_repository,
-                self._serve_new_version, store, self._launcher,
+                folder, settings.training_threads, settings.model_repository, self._serve_new_version, store,
+                self._launcher,
             )  # fmt: skip
         except (OSError, sqlite3.Error, LayerserveError) as error:
-            where = "Redis" if settings.redis_url else settings.job_records_dir
+            where = "Redis" if settings.redis_url else folder
             reason = f"training jobs are unavailable: {where}: {error}"
             log.error("%s", reason)
             return None, reason

@@ -75,6 +75,13 @@ class Settings(BaseModel):
         Path.home() / ".cache" / "layerserve" / "onnx",
         description="Where exported ONNX graphs are kept, keyed by the model file's hash.",
     )
+    preparer_idle_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long the preparer's child process (Keras and TensorFlow, for exports and their checks) "
+        "stays after its last work (0: it exits as soon as no preparation is pending, e.g. once the start's "
+        "loads are done).",
+    )
     verify_atol: float = Field(
         1e-4,
         gt=0,
@@ -186,7 +193,7 @@ class Settings(BaseModel):
     jobs_dir: Path | None = Field(
         None,
         description="Where training job records (SQLite; in Redis with `redis_url`) and their data live (none: "
-        "`<repository>/.jobs`).",
+        "`<repository>/.jobs`, or `~/.cache/layerserve/jobs` when the repository cannot be written).",
     )
     data_dir: Path | None = Field(
         None, description="The folder training jobs may read server-side datasets from (none: uploads only)."
@@ -297,11 +304,6 @@ class Settings(BaseModel):
     def keeps_loaded(self, name: str) -> bool:
         """Whether the setting `keep_loaded` names the model (its config.yaml may too: `ModelConfig.keep_loaded`)."""
         return matches_patterns(self.keep_loaded, name, empty=False)
-
-    @property
-    def job_records_dir(self) -> Path:
-        """The folder of training job records: `jobs_dir`, else `.jobs` in the repository."""
-        return self.jobs_dir or self.model_repository / ".jobs"
 
 
 def matches_patterns(patterns: str, name: str, empty: bool) -> bool:

@@ -1,26 +1,27 @@
-"""Faults degrade one thing, loudly: a model file deleted while serving, an unwritable repository for apply
-and training, and no unpickling anywhere but the demo's restricted converter."""
+"""Faults degrade one thing, loudly: a model file deleted while serving, a read-only repository (served; apply,
+unpin and training refused with a 409 before they start), and no unpickling anywhere but the demo's restricted
+converter."""
 
 from __future__ import annotations
 
-import os
+import csv
 import re
-import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import keras
 import numpy as np
+import pytest
 
 from corpora import rotten_tomatoes
 from layerserve.settings import Settings
 from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
 from tests.live_server import start_server
 from tests.models import build_mlp, save_model
+from tests.read_only import read_only
 
 X = {"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}
 
@@ -48,54 +49,45 @@ def test_model_file_deleted_while_serving(tmp_path: Path) -> None:
         live.stop()
 
 
-@contextmanager
-def read_only(folder: Path) -> Iterator[None]:
-    """Make `folder` unwritable for the server: a read-only tmpfs holding its files when running as root
-    (permissions do not bind root), else permissions."""
-    if os.geteuid() != 0:
-        paths = [folder, *folder.rglob("*")]
-        for path in paths:
-            path.chmod(path.stat().st_mode & 0o555)
-        try:
-            yield
-        finally:
-            for path in paths:
-                path.chmod(path.stat().st_mode | 0o200)
-        return
-    staged = folder.with_name(folder.name + ".files")
-    folder.rename(staged)
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)], check=True)
-    try:
-        shutil.copytree(staged, folder, dirs_exist_ok=True)
-        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
-        yield
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
-
-
-def test_unwritable_repository_fails_apply_and_training_cleanly(tmp_path: Path) -> None:
+def test_a_read_only_repository_serves_and_refuses_changes_before_they_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # where job records go when the repository is read-only
     repo = tmp_path / "repo"
     texts, labels = rotten_tomatoes(300)
     params = TextTrainingParams(epochs=1)
     write_version(repo / "reviews", train_text_classifier(texts, labels, params), params)
+    with (tmp_path / "reviews.csv").open("w", newline="") as data:
+        csv.writer(data).writerows([("text", "label"), *zip(texts, labels, strict=True)])
     with read_only(repo):
-        settings = Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache", jobs_dir=tmp_path / "jobs")
-        live = start_server(settings)
+        live = start_server(Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache"))  # no jobs_dir
         try:
             url = live.url
-            apply = httpx.post(f"{url}/v2/models/reviews/versions/1/apply")
-            assert apply.status_code == 503 and "cannot" in apply.json()["error"].lower(), apply.text
-            body = {"dataset": {"texts": texts, "labels": labels}, "params": {"epochs": 1}}
-            job_id = httpx.post(f"{url}/v2/models/reviews/train", json=body).json()["job_id"]
-            while (job := httpx.get(f"{url}/v2/jobs/{job_id}").json())["state"] in ("queued", "running"):
-                time.sleep(0.2)
-            assert job["state"] == "failed" and re.search("Read-only file system|Permission denied", job["error"]), job
-            assert sorted(p.name for p in (repo / "reviews").iterdir()) == ["1", "config.yaml"]  # nothing half-written
+            assert httpx.get(f"{url}/v2/jobs").json() == {"jobs": []}  # the records live elsewhere
+            assert (tmp_path / "home" / ".cache" / "layerserve" / "jobs" / "jobs.sqlite3").is_file()
+            for path, body, folder in (
+                ("reviews/versions/1/apply", None, repo / "reviews"),
+                ("reviews/apply", {"version": "latest"}, repo / "reviews"),
+                ("reviews/train", {"dataset": {"texts": texts, "labels": labels}}, repo / "reviews"),
+                ("new_model/train", {"dataset": {"texts": texts, "labels": labels}}, repo),
+            ):
+                answer = httpx.post(f"{url}/v2/models/{path}", json=body)
+                assert answer.status_code == 409, (path, answer.text)
+                error = answer.json()["error"]
+                assert f"folder {folder} cannot be written" in error and "mounted read-write" in error, error
+                assert re.search("Read-only file system|Permission denied", error), error
+            assert httpx.get(f"{url}/v2/jobs").json() == {"jobs": []}  # no job was started
+            assert sorted(p.name for p in repo.iterdir()) == ["reviews"]
+            assert sorted(p.name for p in (repo / "reviews").iterdir()) == ["1", "config.yaml"]
             answer = httpx.post(f"{url}/v2/models/reviews/classify", json={"texts": ["a fine film"]})
             assert answer.status_code == 200  # the server serves on
+            assert httpx.get(f"{url}/v2/health/ready").status_code == 200
         finally:
             live.stop()
+        data_flag = ["--data", str(tmp_path / "reviews.csv")]
+        command = [sys.executable, "-m", "layerserve", "train", str(repo), "reviews", *data_flag]
+        cli = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        assert cli.returncode == 2 and f"folder {repo / 'reviews'} cannot be written" in cli.stderr, cli.stderr
 
 
 def test_nothing_is_unpickled_but_the_demo_checkpoint() -> None:

@@ -1,20 +1,33 @@
-"""The preparer's child process dies with the server that started it (a killed worker leaves no orphan), and a
-server that stops does not wait for the job its child runs."""
+"""The preparer's child process dies with the server that started it (a killed worker leaves no orphan), a server
+that stops does not wait for the job its child runs, and with `preparer_idle_s` 0 the child exits once a start's
+loads are done."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from layerserve.errors import ModelLoadError
 from layerserve.lifecycle.prepare import Preparer
-from tests.live_server import is_running, wait_until
+from tests.live_server import (
+    free_port,
+    is_running,
+    preparer_children,
+    server_log,
+    start_server_process,
+    wait_process_ready,
+    wait_until,
+)
+from tests.models import build_mlp, build_multi, save_model
 
 _SERVER = """
 import os, time
@@ -69,3 +82,41 @@ def test_a_jobs_error_is_raised_here_and_an_idle_child_stops() -> None:
         assert preparer._run(os.getpid) not in (child, os.getpid())  # the next job starts a new one
     finally:
         preparer.close()
+
+
+@pytest.mark.slow
+def test_a_held_stretch_keeps_one_child_and_idle_0_ends_it_with_the_stretch() -> None:
+    preparer = Preparer(idle_s=0)
+    try:
+        with preparer.held():  # as a start's loads, one after the other
+            first = preparer._run(os.getpid)
+            assert preparer._run(os.getpid) == first and is_running(first)  # not stopped between the jobs
+        wait_until(lambda: not is_running(first), "the child exits once nothing is pending", 30)
+    finally:
+        preparer.close()
+
+
+@contextlib.contextmanager
+def _serving(repo: Path, cache: Path, *flags: str) -> Iterator[int]:
+    """`layerserve serve` in a process, ready; its pid."""
+    port = free_port()
+    process = start_server_process(repo, cache, port, *flags)
+    try:
+        wait_process_ready(f"http://127.0.0.1:{port}", process, server_log(repo))
+        yield process.pid
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+
+
+@pytest.mark.slow
+def test_with_preparer_idle_s_0_the_child_is_gone_after_the_starts_loads(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
+    save_model(build_multi(), repo / "multi" / "1", "model.keras")
+    with _serving(repo, tmp_path / "cold", "--preparer-idle-s", "600") as server:
+        assert len(list((tmp_path / "cold").glob("*.onnx"))) == 2  # both models were exported at this start
+        assert len(preparer_children(server)) == 1  # kept a while for the next load
+    with _serving(repo, tmp_path / "cold-too", "--preparer-idle-s", "0") as server:
+        assert len(list((tmp_path / "cold-too").glob("*.onnx"))) == 2
+        wait_until(lambda: not preparer_children(server), "the preparer's child exits after the start's loads", 60)

@@ -110,6 +110,11 @@ def max_difference(expected: list[Array], actual: list[Array]) -> float:
     return worst
 
 
+# Readable by every user (mkstemp's files are the owner's only): a cache filled ahead by another user (an image build's
+# root, an init container) serves. An export holds nothing that its model file does not.
+CACHE_FILE_MODE = 0o644
+
+
 def onnx_cache_path(cache_dir: Path, digest: str) -> Path:
     """Where the export of a model file with this digest is cached, per exporter version."""
     return cache_dir / f"{digest[:40]}-{_exporter_tag()}.onnx"

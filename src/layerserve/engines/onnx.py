@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from layerserve.engines.base import EngineKind, Verdict, graph_name, max_difference
+from layerserve.engines.base import CACHE_FILE_MODE, EngineKind, Verdict, graph_name, max_difference
 from layerserve.engines.keras import KerasEngine, tf_spec
 from layerserve.errors import ModelLoadError
 from layerserve.gpu import onnx_providers
@@ -110,6 +110,7 @@ def export_onnx(model: Any, inputs: tuple[TensorSpec, ...], target: Path) -> Non
     signature = [tf_spec(spec) for spec in inputs]
     handle, temporary = tempfile.mkstemp(suffix=".onnx.tmp", dir=target.parent)
     os.close(handle)
+    Path(temporary).chmod(CACHE_FILE_MODE)
     try:
         with warnings.catch_warnings():
             # tf2onnx and Keras' exporter warn about NumPy 2 aliases they patch themselves.

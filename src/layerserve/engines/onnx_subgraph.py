@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from layerserve.engines.base import graph_name, max_difference
+from layerserve.engines.base import CACHE_FILE_MODE, graph_name, max_difference
 from layerserve.errors import ModelLoadError
 from layerserve.tensors import Array, TensorSpec
 
@@ -232,6 +232,7 @@ def _write_atomically(content: bytes, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(suffix=".onnx.tmp", dir=target.parent)
     try:
+        os.fchmod(handle, CACHE_FILE_MODE)
         with os.fdopen(handle, "wb") as file:
             file.write(content)
         Path(temporary).replace(target)

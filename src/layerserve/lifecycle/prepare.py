@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -244,13 +244,15 @@ def exit_with_parent(every_s: float = 1.0) -> None:
 
 
 class Preparer:
-    """Runs preparations in one child process, started on demand and stopped after `idle_s` without work."""
+    """Runs preparations in one child process, started on demand and stopped once `idle_s` passed without work and
+    without a `held` stretch (0: as soon as none is pending)."""
 
     def __init__(self, idle_s: float = 60.0) -> None:
         self._idle_s = idle_s
         self._child: ChildProcess | None = None
         self._reading: ChildProcess | None = None  # the child whose answer a job waits for
-        self._running = 0
+        self._busy = 0  # jobs running or waiting, and `held` stretches
+        self._last_work = time.monotonic()
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._turn = threading.Lock()  # one job at a time on the child's connection
@@ -315,10 +317,7 @@ class Preparer:
         Raises:
             ModelLoadError: the child died, could not start, or was stopped by `close`.
         """
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._running += 1
+        self._enter()
         try:
             with self._turn:
                 child = self._take_child()
@@ -335,16 +334,40 @@ class Preparer:
                 finally:
                     self._done_reading(child)
         finally:
-            with self._lock:
-                self._running -= 1
-                if self._running == 0 and self._child is not None:
-                    self._timer = threading.Timer(self._idle_s, self._stop_if_idle)
-                    self._timer.daemon = True
-                    self._timer.start()
+            self._leave(worked=True)
         if tag == "error":
             raise body
         result: dict[str, Any] = body
         return result
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep the child (if one starts) for the whole stretch, however idle it is between jobs: a start's or a
+        poll's loads, one after the other, share one child even when `idle_s` is 0."""
+        self._enter()
+        try:
+            yield
+        finally:
+            self._leave(worked=False)
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._busy += 1
+
+    def _leave(self, worked: bool) -> None:
+        """The end of a job or of a held stretch: once nothing is pending, the child's idle time runs."""
+        with self._lock:
+            self._busy -= 1
+            if worked:
+                self._last_work = time.monotonic()
+            if self._busy == 0 and self._child is not None and self._timer is None and not self._closed:
+                self._start_timer(max(0.0, self._last_work + self._idle_s - time.monotonic()))
+
+    def _start_timer(self, delay_s: float) -> None:
+        """Check for idleness in `delay_s` (the caller holds the lock)."""
+        self._timer = threading.Timer(delay_s, self._stop_if_idle)
+        self._timer.daemon = True
+        self._timer.start()
 
     def _take_child(self) -> ChildProcess:
         """The running child, else a new one; marked as read by the caller until `_done_reading`."""
@@ -377,7 +400,12 @@ class Preparer:
 
     def _stop_if_idle(self) -> None:
         with self._lock:
-            if self._running or self._child is None:
+            self._timer = None
+            if self._busy or self._child is None or self._closed:
+                return  # the last job or held stretch to end starts the idle time again
+            left_s = self._last_work + self._idle_s - time.monotonic()
+            if left_s > 0:  # a job ran since this timer started
+                self._start_timer(left_s)
                 return
             child, self._child = self._child, None
         child.connection.close()  # no job reads it: the child reads the end of its input and exits

@@ -81,10 +81,11 @@ class Reloader:
         settings = self._registry.settings
         problem = cache_problem(settings.engine_cache_dir) if settings.engine != "keras" else ""
         if problem:
-            outcome = "none can load (engine: onnx)" if settings.engine == "onnx" else "each serves on Keras"
+            outcome = "fails (engine: onnx)" if settings.engine == "onnx" else "serves on Keras"
             log.error(
-                "the engine cache %s cannot be written (%s): no model can be exported to ONNX, %s; "
-                "set engine_cache_dir (--engine-cache-dir) to a writable folder",
+                "the engine cache %s cannot be written (%s): no model can be exported to ONNX; a version whose "
+                "export is not in it yet (`layerserve export` fills it ahead) %s; set engine_cache_dir "
+                "(--engine-cache-dir) to a writable folder",
                 settings.engine_cache_dir, problem, outcome,
             )  # fmt: skip
         if self.budget is not None and settings.watch_resident_memory:
@@ -100,8 +101,9 @@ class Reloader:
                         self._repository, selected, self._repository,
                     )  # fmt: skip
                 scanned = await asyncio.to_thread(self._scan_all, [folder.name for folder in folders])
-                for name, found in scanned.items():
-                    await self._sync(name, wait_for_copies=False, scanned=found)
+                with self._registry.preparer.held():  # one preparer child for the loads, one after the other
+                    for name, found in scanned.items():
+                        await self._sync(name, wait_for_copies=False, scanned=found)
         finally:
             self._registry.mark_settled()
 
@@ -121,8 +123,9 @@ class Reloader:
             present = await asyncio.to_thread(lambda: [folder.name for folder in self._served_folders()])
             polled = [name for name in sorted(present) if not self._is_unloaded(name)]
             scanned = await asyncio.to_thread(self._scan_all, polled)
-            for name, found in scanned.items():
-                await self._sync(name, wait_for_copies=True, scanned=found)
+            with self._registry.preparer.held():
+                for name, found in scanned.items():
+                    await self._sync(name, wait_for_copies=True, scanned=found)
             for name in set(self._registry.models) - set(present):
                 self._retire_all(self._registry.models.pop(name))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import tempfile
@@ -36,6 +37,46 @@ class RepositoryWriteError(LayerserveError):
     """The repository could not be written (the pin); nothing was half-written."""
 
     status_code = 503
+
+
+class ReadOnlyRepositoryError(RepositoryWriteError):
+    """The repository cannot be written at all (a read-only mount, or no permission): a change that writes into it
+    (training, apply, unpin) is refused before it starts."""
+
+    status_code = 409
+
+
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def write_problem(folder: Path) -> str:
+    """Why no file can be created in `folder` (as the OS says: a read-only mount, no permission); "" when one can.
+    A real write, not permission bits or `os.access`: root passes those, and only a write tells what a mount allows."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        return error.strerror or str(error)
+    return ""
+
+
+def check_writable(folder: Path, change: str) -> None:
+    """Refuse `change` (e.g. "train model 'reviews'") when the repository folder it writes into is read-only.
+
+    Raises:
+        ReadOnlyRepositoryError: no file can be created in `folder`.
+    """
+    problem = write_problem(folder)
+    if problem:
+        raise ReadOnlyRepositoryError(_read_only_message(folder, change, problem))
+
+
+def _read_only_message(folder: Path, change: str, problem: str) -> str:
+    return (
+        f"cannot {change}: the model repository folder {folder} cannot be written ({problem}); the server serves a "
+        "read-only repository, but changes to it need it mounted read-write (or make the change in a writable copy, "
+        "e.g. `layerserve train`, and copy the version folder in)"
+    )
 
 
 @dataclass(frozen=True)
@@ -161,7 +202,8 @@ def write_pin(model_dir: Path, version: int | None) -> None:
     """Persist (or clear, with None) the pin atomically: a temporary file renamed over the old one.
 
     Raises:
-        RepositoryWriteError: the model folder is not writable.
+        ReadOnlyRepositoryError: the model folder is read-only (409).
+        RepositoryWriteError: it could not be written otherwise (503).
     """
     target = model_dir / PIN_FILE
     try:
@@ -178,4 +220,7 @@ def write_pin(model_dir: Path, version: int | None) -> None:
         finally:
             Path(temporary).unlink(missing_ok=True)
     except OSError as error:
+        if error.errno in _NOT_WRITABLE:
+            change = f"{'unpin' if version is None else 'apply'} a version of model '{model_dir.name}'"
+            raise ReadOnlyRepositoryError(_read_only_message(model_dir, change, str(error.strerror))) from None
         raise RepositoryWriteError(f"cannot write the pin of model {model_dir.name}: {error.strerror}") from None

@@ -65,7 +65,7 @@ class ModelRegistry:
         # (open ONNX Runtime sessions, warm up) is short, and ORT's worker threads inherit their priority.
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader")
         self.exporter = ThreadPoolExecutor(1, thread_name_prefix="cut-exporter")
-        self.preparer = Preparer()
+        self.preparer = Preparer(settings.preparer_idle_s)
         self.engine_processes = EngineProcessPool.from_settings(settings)
         self._settled = asyncio.Event()
 

@@ -296,6 +296,19 @@ class RedisJobStore:
             ) from error
 
 
+def records_dir(jobs_dir: Path | None, repository: Path) -> Path:
+    """Where job records and their data live: `jobs_dir` when set; else `<repository>/.jobs`, unless that cannot
+    be written (a read-only repository), then `~/.cache/layerserve/jobs`."""
+    if jobs_dir is not None:
+        return jobs_dir
+    from layerserve.lifecycle.repository import write_problem
+
+    inside = repository / ".jobs"
+    if not write_problem(inside if inside.is_dir() else repository):
+        return inside
+    return Path.home() / ".cache" / "layerserve" / "jobs"
+
+
 def open_job_store(records_dir: Path, redis_url: str | None, prefix: str, timeout_s: float) -> JobRecords:
     """RedisJobStore on `redis_url` when one is set (replicas on several machines), else JobStore in `records_dir`."""
     if redis_url:

@@ -118,6 +118,21 @@ def check_text_model(model_dir: Path) -> None:
         )
 
 
+def check_version_writable(model_dir: Path) -> None:
+    """Training writes its version into the model's folder (a new model's, beside the others; a new repository's,
+    into the nearest folder there is): refuse before it starts when that folder is read-only.
+
+    Raises:
+        ReadOnlyRepositoryError: the folder cannot be written (409).
+    """
+    from layerserve.lifecycle.repository import check_writable
+
+    folder = model_dir
+    while not folder.is_dir() and folder.parent != folder:
+        folder = folder.parent
+    check_writable(folder, f"train model '{model_dir.name}'")
+
+
 def train_text_classifier(
     texts: list[str], labels: list[str], params: TextTrainingParams, progress: ProgressCallback | None = None
 ) -> TrainedText:

@@ -14,7 +14,7 @@ from layerserve.lifecycle.repository import check_model_name
 from layerserve.protocols.v2 import load_json_object
 from layerserve.settings import Settings
 from layerserve.training.datasets import format_of, parse_dataset, resolve_data_path
-from layerserve.training.recipe import TextTrainingParams, check_dataset, check_text_model
+from layerserve.training.recipe import TextTrainingParams, check_dataset, check_text_model, check_version_writable
 from layerserve.transports.http.bodies import JSONResponse, parse_form, read_body
 from layerserve.transports.http.services import services
 
@@ -74,6 +74,7 @@ async def train(request: Request) -> Response:
     settings = services(request).settings
     name = request.path_params["model"]
     check_model_name(name)
+    check_version_writable(settings.model_repository / name)  # a read-only repository: 409 before the body is read
     body = await read_body(request, settings.max_body_bytes)
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         fields, texts, labels = await _from_form(request, body)
