@@ -161,7 +161,9 @@ def mount_problems(served: Served) -> Iterator[str]:
     elif not any(PurePosixPath(m["mountPath"]) == repository and m.get("readOnly") for m in mounts):
         yield f"{served.where}: the repository {repository} is not a read-only volume mount"
     writable = [PurePosixPath(m["mountPath"]) for m in mounts if not m.get("readOnly")]
-    for name, path in (("engine_cache_dir", settings.engine_cache_dir), ("jobs_dir", settings.job_records_dir)):
+    # Without jobs_dir a read-only repository's job records would go to the home folder: the manifests name it.
+    jobs = settings.jobs_dir or PurePosixPath(settings.model_repository) / ".jobs"
+    for name, path in (("engine_cache_dir", settings.engine_cache_dir), ("jobs_dir", jobs)):
         if not any(PurePosixPath(path).is_relative_to(mount) for mount in writable):
             yield f"{served.where}: {name} {path} is on no writable volume"
 

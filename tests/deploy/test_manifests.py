@@ -187,7 +187,7 @@ def test_image_check_fails_on_a_tag_other_than_the_package_version() -> None:
     documents = _broken("kubernetes/deployment.yaml", [])
     for document in documents:
         for _, pod in pod_specs(document):
-            for container in pod["containers"]:
+            for container in [*pod["containers"], *pod.get("initContainers", [])]:
                 container["image"] = "localhost/layerserve:latest"
     assert image_problems(documents) == [
         f"image localhost/layerserve:latest is not tagged with the package's version {__version__}"
