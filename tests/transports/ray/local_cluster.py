@@ -73,6 +73,14 @@ class LocalCluster:
         self.nodes: list[LocalNode] = []
         self._started = 0
 
+    @property
+    def environment(self) -> dict[str, str]:
+        """The environment of its nodes, and of a driver that connects to it: a user's shell (no variable of ours),
+        and Ray's token authentication off. Any local `ray.init()` (another test's) leaves a token in ~/.ray, with
+        which `ray start --head` turns authentication on, and then `ray start --address` is refused."""
+        environment = {key: value for key, value in os.environ.items() if not key.startswith(_OURS)}
+        return {**environment, "RAY_AUTH_MODE": "disabled"}
+
     def add_node(self, num_cpus: int) -> LocalNode:
         """Start a node (the first is the head) and return once `ray start` has; the head's GCS address is kept."""
         head, self._started = not self.nodes, self._started + 1
@@ -92,8 +100,7 @@ class LocalCluster:
                         f"--ray-client-server-port={next(ports)}", f"--dashboard-port={next(ports)}"]  # fmt: skip
         else:
             command.append(f"--address={self.address}")
-        environment = {key: value for key, value in os.environ.items() if not key.startswith(_OURS)}
-        starter = subprocess.Popen(command, env=environment, start_new_session=True, stdout=subprocess.PIPE,
+        starter = subprocess.Popen(command, env=self.environment, start_new_session=True, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)  # fmt: skip
         output, _ = starter.communicate(timeout=120)
         node = LocalNode(starter.pid)

@@ -98,7 +98,6 @@ def test_a_node_removed_under_load_fails_no_request_through_the_command(
     (small / "mlp").symlink_to(repository / "mlp")
     cluster = LocalCluster()
     try:
-        started = time.monotonic()
         for cpus in (0, 1, 1):  # the head, and two nodes
             cluster.add_node(cpus)
         port = free_port()
@@ -107,19 +106,18 @@ def test_a_node_removed_under_load_fails_no_request_through_the_command(
             "--replicas", "2", "--http-port", str(port), "--grpc-port", str(free_port()),
             "--engine-cache-dir", str(settings.engine_cache_dir), "--reload-interval-s", "0",
         ]  # fmt: skip
-        deployed = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600)
+        deployed = subprocess.run(
+            command, check=False, env=cluster.environment, capture_output=True, text=True, timeout=240
+        )
         assert deployed.returncode == 0, deployed.stderr[-3000:]
-        print(f"cluster and deployment: {time.monotonic() - started:.0f} s")
         first = _wait_replicas(port, 2, 60)
         assert len(first) == 2, first
         assert cluster.running(b"ray::ProxyActor") == cluster.nodes[:1]  # one proxy, on the head
         outcomes = _under_load(port, lambda: cluster.remove(cluster.running(_REPLICA)[0]))
-        print(f"node removed under load: {dict(outcomes)}")
         assert set(outcomes) == {"200"}, outcomes
         # The lost replica waits for a node with a free CPU, and starts on the one added.
         cluster.add_node(1)
-        again = _wait_replicas(port, 2, 180)
-        print(f"all: {time.monotonic() - started:.0f} s")
+        again = _wait_replicas(port, 2, 120)
         assert len(again) == 2 and again - first, (first, again)
     finally:
         cluster.shutdown()  # and check that nothing of it is left
