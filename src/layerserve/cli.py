@@ -97,7 +97,8 @@ def _ray_serve(args: argparse.Namespace) -> int:
     if not isinstance(section, dict):
         raise ConfigError(f"{args.config}: the `ray:` section must be a mapping of Ray options")
     given = {"replicas": args.replicas, "replica_cpus": args.replica_cpus, "replica_gpus": args.replica_gpus,
-             "job_cpus": args.job_cpus, "direct_port": args.direct_port}  # fmt: skip
+             "job_cpus": args.job_cpus, "direct_port": args.direct_port,
+             "proxy_location": args.proxy_location}  # fmt: skip
     values = {**section, **{key: value for key, value in given.items() if value is not None}}
     values["groups"] = {**section.get("groups", {}), **dict(parse_group(flag) for flag in args.group or ())}
     options = ray_options(values)
@@ -262,6 +263,9 @@ def _add_ray_commands(commands: Any) -> None:
     ray_serve.add_argument("--direct-port", type=int,
                            help="also serve HTTP on this port of every node, from each replica itself (no proxy: "
                            "faster, but a request dies with its replica; see docs/scale.md)")  # fmt: skip
+    ray_serve.add_argument("--proxy-location", choices=("HeadOnly", "EveryNode"),
+                           help="where Ray Serve's HTTP and gRPC proxies run: HeadOnly (the default: a node lost "
+                           "takes no client connection with it) or EveryNode (behind your load balancer)")  # fmt: skip
     ray_serve.add_argument("--ready-timeout-s", type=float, default=600.0, help="how long to wait for every model")
     add_settings_flags(ray_serve, skip={"model_repository", "port", "workers"})  # grpc_port: Ray's gRPC proxy
     ray_serve.set_defaults(run=_ray_serve)

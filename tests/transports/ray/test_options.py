@@ -46,6 +46,7 @@ def test_groups_inherit_the_top_level_and_route_by_pattern() -> None:
         ({"groups": {"x": {"models": ["a"], "autoscaling": {"min": 5, "max": 2}}}}, "min (5) is above max (2)"),
         ({"direct_port": 8100, "autoscaling": {"max": 4}}, "direct_port with autoscaling"),
         ({"direct_port": 70000}, "ray option 'direct_port': Input should be less than or equal to 65535"),
+        ({"proxy_location": "Everywhere"}, "ray option 'proxy_location': Input should be 'HeadOnly' or 'EveryNode'"),
     ],
 )
 def test_bad_ray_options_name_what_is_wrong(values: dict[str, object], named: str) -> None:

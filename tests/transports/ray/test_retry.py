@@ -1,5 +1,5 @@
-"""RetryLostReplica around an ASGI app that loses requests as Ray's proxy does when a replica dies: sent again
-once with the same body, a second loss is a 503, a training job's submission is never sent twice."""
+"""RetryLostReplica around an ASGI app that loses requests as Ray's proxy does when a replica dies: sent again up to
+twice with the same body, a third loss is a 503 with Retry-After, a training job's submission is never sent twice."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from layerserve.transports.ray.affinity import NameModel
 from layerserve.transports.ray.replica import REPLICA_HEADER
-from layerserve.transports.ray.retry import RetryLostReplica, proxy_middlewares
+from layerserve.transports.ray.retry import RETRY_AFTER_S, RetryLostReplica, proxy_middlewares
 
 pytestmark = pytest.mark.anyio
 
@@ -55,18 +55,21 @@ async def _call(app: LosingApp, method: str = "POST", path: str = "/v2/models/m/
 
 
 @pytest.mark.parametrize("how", ["silent", "500", "start", "raise"])
-async def test_a_lost_request_is_sent_again_once_with_its_body(how: str) -> None:
-    app = LosingApp(1, how)
+async def test_a_lost_request_is_sent_again_with_its_body(how: str) -> None:
+    app = LosingApp(2, how)  # lost twice, answered the third time
     sent = await _call(app)
-    assert app.bodies == [b'{"inputs": []}'] * 2
+    assert app.bodies == [b'{"inputs": []}'] * 3
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
     assert sent[-1]["body"] == b"answer"
 
 
-async def test_two_losses_are_a_503_and_an_answer_passes_through() -> None:
-    sent = await _call(LosingApp(2, "start"))
+async def test_three_losses_are_a_503_with_retry_after_and_an_answer_passes_through() -> None:
+    app = LosingApp(3, "start")
+    sent = await _call(app)
+    assert len(app.bodies) == 3  # never more: a request that kills its replica takes three with it at most
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [503]
-    assert sent[0]["status"] == 503 and "died" in orjson.loads(sent[1]["body"])["error"]
+    assert (b"retry-after", str(RETRY_AFTER_S).encode()) in sent[0]["headers"]
+    assert "died" in orjson.loads(sent[1]["body"])["error"]
     assert [m["type"] for m in await _call(LosingApp(0))] == ["http.response.start", "http.response.body"]
 
 
@@ -74,6 +77,7 @@ async def test_a_training_job_submission_is_never_sent_twice() -> None:
     app = LosingApp(1)
     sent = await _call(app, path="/v2/models/reviews/train")
     assert len(app.bodies) == 1 and sent[0]["status"] == 503
+    assert (b"retry-after", str(RETRY_AFTER_S).encode()) in sent[0]["headers"]
     assert "/v2/jobs" in orjson.loads(sent[1]["body"])["error"]
 
 

@@ -20,6 +20,9 @@ from layerserve.transports.tls import check_tls, door_tls
 log = logging.getLogger(__name__)
 
 WORKER_NICENESS_VARIABLE = "RAY_worker_niceness"
+# The proxies inherit the Serve controller's environment, so they install RetryLostReplica (and NameModel) whatever
+# the environment of `ray start` on each node was.
+_PROXY_ENVIRONMENT = {"runtime_env": {"env_vars": {PROXY_CALLBACK_VARIABLE: PROXY_CALLBACK}}}
 
 
 def wait_ready(url: str, timeout_s: float) -> None:
@@ -109,7 +112,6 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness poll
     is_local = address == "local"
     if is_local:
-        os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)  # the Ray started here inherits it
         # Ray starts its workers (so the replicas and its proxy) at niceness 15, behind every other program of
         # the machine; a server started here should not yield its cores to whatever else runs beside it.
         os.environ.setdefault(WORKER_NICENESS_VARIABLE, "0")
@@ -118,7 +120,10 @@ def launch(settings: Settings, options: RayOptions, address: str, http_port: int
         _check_placement(options, is_local)
         grpc = {"port": settings.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}  # Ray's gRPC proxy
         http = {"host": settings.host, "port": http_port, **tls}  # Ray's HTTP proxy
-        serve.start(http_options=http, grpc_options=grpc if settings.grpc_port else None)
+        serve.start(
+            proxy_location=options.proxy_location, http_options=http, grpc_options=grpc if settings.grpc_port else None,
+            controller_options=_PROXY_ENVIRONMENT,
+        )  # fmt: skip
         serve.run(build_app(settings, options), name=DEPLOYMENT_NAME, route_prefix="/", blocking=False)
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
         scheme = "https" if tls else "http"

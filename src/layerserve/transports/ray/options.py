@@ -6,7 +6,7 @@ section of a config file."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -86,11 +86,13 @@ class RayOptions(ReplicaOptions):
     """The replicas of every model not in a group, the groups by name, the CPUs each training job's Ray task
     reserves (on whichever node has them), and the direct port (0: none) on which every replica of those serves
     HTTP itself, past Ray Serve's proxy (direct_door.py), and whether a request for a model goes to a replica
-    that holds it (model affinity, affinity.py; false: Ray Serve's own routing). A group's unset replica options
-    are the top level's."""
+    that holds it (model affinity, affinity.py; false: Ray Serve's own routing), and where `layerserve ray serve`
+    runs Ray Serve's proxies (the head only: a node lost takes no proxy with it; or every node, behind a load
+    balancer). A group's unset replica options are the top level's."""
 
     job_cpus: float = Field(1.0, gt=0)
     direct_port: int = Field(0, ge=0, le=65535)
+    proxy_location: Literal["HeadOnly", "EveryNode"] = "HeadOnly"
     model_affinity: bool = True
     groups: dict[str, Group] = Field(default_factory=dict)
 

@@ -1,9 +1,9 @@
-"""RetryLostReplica: the Ray Serve proxy's middleware that sends a request again, once, when the replica that
-held it died (inference is idempotent), so that a replica killed under load fails no request.
+"""RetryLostReplica: the Ray Serve proxy's middleware that sends a request again when the replica that held it died
+(inference is idempotent), so that a replica killed under load, or a node lost with its replicas, fails no request.
 
 Ray Serve installs a proxy's middlewares from `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`, read where the proxy
-runs: the variable must be in the environment of every Ray node when it starts (`layerserve ray serve
---address local` sets it for the Ray it starts; see PROXY_CALLBACK_VARIABLE).
+runs: `layerserve ray serve` gives it to the Serve controller, whose proxies inherit it (launch.py); an application
+deployed otherwise (KubeRay) needs it in the environment of every node.
 """
 
 from __future__ import annotations
@@ -23,16 +23,20 @@ log = logging.getLogger(__name__)
 PROXY_CALLBACK_VARIABLE = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "layerserve.transports.ray.retry:proxy_middlewares"
 
-_PAUSE_S = 0.2  # long enough for the proxy's router to hear that the replica died, and pick another
+# A lost request is sent again after these pauses (long enough for the proxy's router to hear that the replica died,
+# and pick another): tried on three replicas at most, so that a request that kills its replica (out of memory) does
+# not take every replica with it.
+_PAUSES_S = (0.2, 1.0)
+RETRY_AFTER_S = 1  # a lost request the client may send again, in a second (the Retry-After of its 503)
 
 
 class RetryLostReplica:
-    """Wraps the proxy's app: a request whose replica died before it answered is sent again, once. Ray's proxy
+    """Wraps the proxy's app: a request whose replica died before it answered is sent again, up to twice. Ray's proxy
     ends such a request without starting an answer, with a 500 that no replica wrote (no `layerserve-replica`
-    header), with an answer's start and no body (the replica died between the two), or by raising. If the second
-    one is lost too, the client gets a 503 saying so; a training job's submission is never sent twice (a 503 tells
-    the client to look at its jobs). The request body is read whole first (it may be sent twice); an answer is
-    passed on from its first body part, as it comes.
+    header), with an answer's start and no body (the replica died between the two), or by raising. If every try
+    is lost, the client gets a 503 with Retry-After saying so; a training job's submission is never sent twice (its
+    503 tells the client to look at its jobs first). The request body is read whole first (it may be sent again);
+    an answer is passed on from its first body part, as it comes.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -43,17 +47,19 @@ class RetryLostReplica:
             await self._app(scope, receive, send)
             return
         body = await _read_body(receive)
-        if not await self._attempt(scope, body, receive, send):
-            return
-        if _starts_a_job(scope):  # sent twice, it could start two jobs
-            await _send_lost(
-                send, "the replica serving this request died; see GET /v2/jobs for whether the job started"
-            )
-            return
-        log.warning("the replica of %s %s died; sending it again", scope["method"], scope["path"])
-        await asyncio.sleep(_PAUSE_S)
+        for pause in _PAUSES_S:
+            if not await self._attempt(scope, body, receive, send):
+                return
+            if _starts_a_job(scope):  # sent twice, it could start two jobs
+                await _send_lost(
+                    send, "the replica serving this request died; see GET /v2/jobs for whether the job started"
+                )
+                return
+            log.warning("the replica of %s %s died; sending it again", scope["method"], scope["path"])
+            await asyncio.sleep(pause)
         if await self._attempt(scope, body, receive, send):
-            await _send_lost(send, "the replica serving this request died, and so did the one it was sent to again")
+            again = len(_PAUSES_S)
+            await _send_lost(send, f"the replica serving this request died, and so did the {again} it went to next")
 
     async def _attempt(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> bool:
         """Run the request once; True when its replica died and nothing was sent (so it may be sent again).
@@ -95,7 +101,8 @@ class RetryLostReplica:
 
 async def _send_lost(send: Send, message: str) -> None:
     body = orjson.dumps({"error": message})
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"retry-after", str(RETRY_AFTER_S).encode())]  # fmt: skip
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
