@@ -115,7 +115,9 @@ class Podman:
 
     def has_image(self, name: str) -> bool:
         """Whether the storage holds an image of this name."""
-        return self("image", "exists", name, check=False).returncode == 0
+        result = self("image", "exists", name, check=False)
+        assert result.returncode in {0, 1}, f"podman image exists {name} exited {result.returncode}: {result.stderr}"
+        return result.returncode == 0
 
     def make_base_image(self, work: Path) -> None:
         """A minimal Debian with python3 and venv, from the machine's mirror (mmdebstrap), imported as BASE_IMAGE."""
