@@ -23,6 +23,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # What podman writes outside its own storage (ASSETS.md): removed after the tests where they appeared.
 HOST_STATE = (Path("/var/lib/containers/cache"), Path("/run/containers/networks"))
 NETNS = Path("/run/netns")
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")  # netavark turns it on for a build's RUN steps
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
@@ -187,17 +188,21 @@ def _namespaces() -> set[str]:
 @contextmanager
 def host_state_restored() -> Iterator[None]:
     """Remove what podman leaves on the host outside its storage (network state, netns, netavark's chains) that
-    was not there before."""
-    existed = {path: path.exists() for path in HOST_STATE}
+    was not there before, and set IP forwarding back."""
+    existed = {path: path.exists() for path in (*HOST_STATE, NETNS)}
+    forwarding = IP_FORWARD.read_text()
     namespaces = _namespaces()
     chains = _netavark_chains()
     try:
         yield
     finally:
-        for path, was_there in existed.items():
-            if not was_there:
-                shutil.rmtree(path, ignore_errors=True)
         for name in _namespaces() - namespaces:
             subprocess.run(["umount", str(NETNS / name)], capture_output=True, check=False)
             (NETNS / name).unlink(missing_ok=True)
+        for path, was_there in existed.items():
+            if not was_there:
+                subprocess.run(["umount", str(path)], capture_output=True, check=False)  # podman bind-mounts NETNS
+                shutil.rmtree(path, ignore_errors=True)
         _remove_chains(_netavark_chains() - chains)
+        if IP_FORWARD.read_text() != forwarding:
+            IP_FORWARD.write_text(forwarding)
