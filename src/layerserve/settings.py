@@ -242,8 +242,8 @@ class Settings(BaseModel):
         1.0,
         ge=0,
         le=1,
-        description="Share of requests traced when the caller sends no sampled `traceparent` (one it sends is "
-        "always followed).",
+        description="Share of the requests without a caller's `traceparent` that are traced (with one, its "
+        "sampled flag decides).",
     )
     gpu_devices: str | None = Field(
         None, description="GPUs this server may use, as CUDA_VISIBLE_DEVICES (e.g. 0,1; empty: none; none: all)."
