@@ -2,11 +2,12 @@
 checked span by span: one request's tree over HTTP and over gRPC (a server span continuing the caller's
 `traceparent`, its decode, queue wait, engine compute and encode children, its trace id in the access log), one batch
 of several requests (one compute span linked to every request's span), the feature cache's lookup, sampling
-(ratio 0: only a caller's sampled traceparent is traced), the export queue's bound, OTLP/gRPC, and a training job's
-epochs (spans of the job's own process)."""
+(ratio 0: only a caller's sampled traceparent is traced), the export queue's bound, OTLP/gRPC, a training job's
+epochs (spans of the job's own process), and a Ray Serve replica's three doors."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -21,13 +22,16 @@ import tritonclient.grpc as grpcclient
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import REGISTRY
+from tritonclient.grpc import service_pb2
 
 from layerserve.settings import Settings
 from layerserve.span_export import ExportQueue
 from layerserve.tracing import Tracing
-from tests.live_server import LiveServer, metric_sample, start_server, wait_until
+from layerserve.transports.ray.grpc_ingress import CapturedCall
+from tests.live_server import LiveServer, Replica, metric_sample, start_replica, start_server, wait_until
 from tests.models import build_mlp, save_model
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, start_grpc_receiver, start_http_receiver
+from tests.transports.test_doors import Ingress
 
 pytestmark = pytest.mark.slow
 
@@ -271,3 +275,31 @@ def test_training_job_epochs_are_spans_of_the_job(traced: LiveServer, receiver: 
     for epoch, recorded in zip(epochs, job["history"], strict=True):
         assert epoch.parent_id == training.span_id and training.start_ns <= epoch.start_ns <= epoch.end_ns
         assert epoch.attributes["layerserve.loss"] == pytest.approx(recorded["loss"])
+
+
+@pytest.fixture(scope="module")
+def traced_replica(traced: LiveServer) -> Iterator[Replica]:
+    """A Ray Serve replica of the traced server's settings, hosted here as Ray hosts it (tests/live_server.py)."""
+    hosted = start_replica(traced.server.settings)
+    yield hosted
+    hosted.stop()
+
+
+@pytest.mark.parametrize("door", ["ray-direct-port", "ray-http-ingress", "ray-grpc-ingress"])
+def test_a_ray_replicas_doors_continue_the_trace(door: str, traced_replica: Replica, receiver: OtlpReceiver) -> None:
+    traceparent, trace_id, caller = _traceparent()
+    x = _rows(seed=3)
+    if door == "ray-grpc-ingress":
+        request = service_pb2.ModelInferRequest(model_name="mlp")
+        request.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+        request.raw_input_contents.append(x.tobytes())
+        context = CapturedCall((("traceparent", traceparent),))  # the metadata Ray's gRPC proxy passes on
+        ingress = Ingress(traced_replica.server, "node/replica")
+        asyncio.run_coroutine_threadsafe(ingress.ModelInfer(request, context), traced_replica.loop).result(60)
+        name = "inference.GRPCInferenceService/ModelInfer"
+    else:
+        url = traced_replica.direct_url if door == "ray-direct-port" else traced_replica.url
+        answer = httpx.post(f"{url}/v2/models/mlp/infer", json=_v2(x), headers={"traceparent": traceparent})
+        assert answer.status_code == 200, answer.text
+        name = "POST v2.infer"
+    _check_request_tree(receiver.wait_for(trace_id, {name, *REQUEST_CHILDREN}), name, caller)

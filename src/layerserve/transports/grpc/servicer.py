@@ -271,8 +271,8 @@ class InferenceServicer:
         return await self._unsupported(context, triton.SHARED_MEMORY_UNSUPPORTED)
 
     async def TraceSetting(self, request: Any, context: CallContext) -> Any:  # noqa: N802
-        """UNIMPLEMENTED: tracing is not supported."""
-        return await self._unsupported(context, "tracing is not supported by layerserve; see /metrics and access_log")
+        """UNIMPLEMENTED: Triton's trace settings are not supported (traces are OpenTelemetry's: otlp_endpoint)."""
+        return await self._unsupported(context, triton.TRACE_SETTINGS_UNSUPPORTED)
 
     async def LogSettings(self, request: Any, context: CallContext) -> Any:  # noqa: N802
         """UNIMPLEMENTED over gRPC: the log settings are at REST GET|POST /v2/logging."""
