@@ -101,6 +101,7 @@ class OtlpReceiver:
 
 class _Handler(BaseHTTPRequestHandler):
     receiver: OtlpReceiver
+    protocol_version = "HTTP/1.1"  # keep-alive, as a collector does: the exporter's connection is reused
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))

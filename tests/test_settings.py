@@ -119,3 +119,26 @@ def test_tls_settings_that_cannot_serve_are_refused_naming_them(values: dict[str
     with pytest.raises(ConfigError) as raised:
         load_settings(values, environ={})
     assert named in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"otlp_endpoint": "collector:4318"}, "expected an http:// or https:// URL of an OpenTelemetry collector"),
+        ({"otlp_protocol": "http/json"}, "otlp_protocol"),
+        ({"trace_sampling_ratio": "1.5"}, "trace_sampling_ratio"),
+    ],
+)
+def test_trace_settings_that_cannot_work_are_refused_naming_them(values: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(values, environ={})
+    assert named in str(raised.value)
+
+
+def test_traces_are_set_from_the_environment_and_off_by_default() -> None:
+    environ = {"LAYERSERVE_OTLP_ENDPOINT": "http://collector:4318", "LAYERSERVE_TRACE_SAMPLING_RATIO": "0.25"}
+    settings = load_settings({}, environ=environ)
+    assert (settings.otlp_endpoint, settings.otlp_protocol, settings.trace_sampling_ratio) == (
+        "http://collector:4318", "http/protobuf", 0.25,
+    )  # fmt: skip
+    assert load_settings({}, environ={}).otlp_endpoint is None

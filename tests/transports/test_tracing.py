@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -235,6 +237,18 @@ def test_a_full_export_queue_drops_and_counts_while_the_collector_hangs() -> Non
     stuck.release.set()
     assert queue.force_flush(10_000) and stuck.exported == 4
     queue.shutdown()
+
+
+def test_off_by_default_no_tracer_and_no_sdk(tmp_path: Path) -> None:
+    check = (
+        "import sys\n"
+        "from layerserve.server import Server\n"
+        "from layerserve.settings import Settings\n"
+        f"server = Server(Settings(model_repository={str(tmp_path)!r}, grpc_port=0))\n"
+        "assert server.tracing is None and server.policy.tracing is None\n"
+        "assert not [m for m in sys.modules if m.startswith('opentelemetry.sdk')], 'the SDK was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=120)
 
 
 def test_otlp_grpc_export() -> None:
