@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ class _NoSpan:
 NO_SPAN = _NoSpan()
 
 
-def span(name: str) -> Any:
+def span(name: str) -> AbstractContextManager[Span | None]:
     """A child span of the request being served, as a context manager that ends it (and records an error that
     leaves it); NO_SPAN when the request is not traced."""
     current = CURRENT.get()
