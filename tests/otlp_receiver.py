@@ -74,6 +74,7 @@ class OtlpReceiver:
     endpoint: str
     spans: list[ReceivedSpan] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)  # each request's path and content type
+    refuses: bool = False  # answer every export 400 (a collector that refuses them), keeping nothing
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: Any = None
 
@@ -105,8 +106,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))
-        if self.path != "/v1/traces":
-            self.send_error(404)
+        if self.path != "/v1/traces" or self.receiver.refuses:
+            self.send_error(404 if self.path != "/v1/traces" else 400)
             return
         self.receiver.keep(body, f"{self.path} {self.headers['content-type']}")
         answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()

@@ -239,6 +239,23 @@ def test_a_full_export_queue_drops_and_counts_while_the_collector_hangs() -> Non
     queue.shutdown()
 
 
+def test_spans_a_collector_refuses_are_dropped_and_counted() -> None:
+    refusing = start_http_receiver()
+    refusing.refuses = True
+    try:
+        tracing = Tracing(refusing.endpoint, "http/protobuf", 1.0)
+        before = REGISTRY.get_sample_value("layerserve_trace_spans_dropped_total", {"reason": "export_failed"}) or 0
+        request = tracing.begin("POST v2.infer", None, {})
+        request.child("decode").end()
+        request.server.end()
+        assert tracing.queue.force_flush(30_000)
+        after = REGISTRY.get_sample_value("layerserve_trace_spans_dropped_total", {"reason": "export_failed"})
+        assert after == before + 2 and refusing.spans == []
+        tracing.close()
+    finally:
+        refusing.stop()
+
+
 def test_off_by_default_no_tracer_and_no_sdk(tmp_path: Path) -> None:
     check = (
         "import sys\n"
