@@ -56,6 +56,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "train_stall": Benchmark("train_stall.py", ("--duration-s", "12"), ("--duration-s", "3")),
     "memory": Benchmark("memory.py", (), ("--quick",)),
     "cold_start": Benchmark("cold_start.py", ("--rounds", "20", "--warm", "50"), ("--rounds", "2", "--warm", "5")),
+    "warmup": Benchmark("warmup.py", ("--rounds", "3", "--requests", "100"), ("--rounds", "1", "--requests", "32")),
     "ray_scale": Benchmark(
         "ray_scale.py",
         ("--duration-s", "6", "--ingress", "proxy", "haproxy-lean", "direct"),

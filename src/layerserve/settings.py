@@ -112,6 +112,13 @@ class Settings(BaseModel):
         description="Under `model_memory_budget`, models loaded at start and never unloaded to make room: "
         "comma-separated shell patterns of model names (as `models`; also `keep_loaded: true` in a config.yaml).",
     )
+    watch_resident_memory: bool = Field(
+        True,
+        description="Under `model_memory_budget`, also hold each worker's real resident memory (its process and "
+        "engine processes) within its base and the budget: what the versions' own figures miss is counted as "
+        "theirs, and more idle versions are unloaded for it. Turn off where layerserve runs inside another "
+        "program's process, whose memory is not the server's.",
+    )
     max_cuts_per_version: int = Field(
         32, ge=1, description="Cut sub-graphs (layer outputs, cut inputs) kept built per version (LRU)."
     )

@@ -83,10 +83,12 @@ def budget_cache(tmp_path_factory: pytest.TempPathFactory, budget_repository: Pa
 
 
 def budget_settings(repository: Path, cache: Path, budget: int, **more: object) -> Settings:
-    """A server's settings with a memory budget."""
+    """A server's settings with a memory budget, counted by the versions' figures alone (the server runs in the
+    test's process, whose memory is not the server's)."""
     return Settings(
-        model_repository=repository, engine_cache_dir=cache, model_memory_budget=budget, reload_interval_s=0, **more
-    )
+        model_repository=repository, engine_cache_dir=cache, model_memory_budget=budget, reload_interval_s=0,
+        watch_resident_memory=False, **more,
+    )  # fmt: skip
 
 
 @pytest.fixture

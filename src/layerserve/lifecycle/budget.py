@@ -66,6 +66,7 @@ class MemoryBudget:
         self._process_min_bytes = process_min_bytes  # graphs this large open in an engine process
         self._measured: dict[tuple[object, ...], int] = {}  # a version's fingerprint -> its last load's figure
         self._factors = dict(_START_FACTORS)
+        self.base_bytes: int | None = None  # the worker's resident memory with no version loaded (if watched)
 
     def figure(self, version: ModelVersion) -> int:
         """What a version takes: its own figure once READY (and its cuts), else what its load is expected to."""
@@ -91,6 +92,14 @@ class MemoryBudget:
         if len(self._measured) > 100_000:  # versions that come and go for ever keep no trace of each
             self._measured.pop(next(iter(self._measured)))
 
+    def unattributed(self, resident_bytes: int, residents: list[Resident], idle_bytes: int) -> int:
+        """What the worker's resident memory (its process and its engine processes) holds past its base, the
+        residents' figures and its idle engine processes: 0 until `base_bytes` is known."""
+        if self.base_bytes is None:
+            return 0
+        counted = self.base_bytes + sum(resident.bytes for resident in residents) + idle_bytes
+        return max(0, resident_bytes - counted)
+
     def residents(self, versions: Iterable[ModelVersion], is_kept: Callable[[ModelVersion], bool]) -> list[Resident]:
         """The versions that take memory (READY or LOADING), with their figures."""
         return [
@@ -99,23 +108,31 @@ class MemoryBudget:
             if version.state in (VersionState.READY, VersionState.LOADING)
         ]
 
-    def make_room(self, need: int, residents: list[Resident], for_what: str) -> list[ModelVersion]:
+    def make_room(
+        self, need: int, residents: list[Resident], for_what: str, unattributed: int = 0
+    ) -> list[ModelVersion]:
         """The versions to unload so that `need` more bytes fit: the least recently used READY ones that no
         request holds and that are not kept loaded, as few as it takes.
 
+        `unattributed` is what the worker's resident memory holds past its base and the residents' figures (see
+        `unattributed`): it is taken to be the residents', in proportion to their figures (their Python objects,
+        what the allocator kept of their loads), so each unload is expected to free its share of it too. Only the
+        figures decide whether room can be made at all.
+
         Raises:
-            BudgetFullError: no choice of them makes room (nothing is unloaded then).
+            BudgetFullError: no choice of them makes room by their figures (nothing is unloaded then).
         """
         used = sum(resident.bytes for resident in residents)
-        if used + need <= self.limit:
+        if used + unattributed + need <= self.limit:
             return []
+        scale = 1 + unattributed / used if used else 1.0
         candidates = sorted(
             (r for r in residents if r.version.is_ready and not r.version.in_use and not r.is_kept),
             key=lambda resident: resident.version.last_used,
         )
         victims, freed = [], 0
         for resident in candidates:
-            if used - freed + need <= self.limit:
+            if (used - freed) * scale + need <= self.limit:
                 break
             victims.append(resident.version)
             freed += resident.bytes

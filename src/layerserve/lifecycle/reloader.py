@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from layerserve.engines.base import cache_problem
-from layerserve.engines.process.usage import trim_heap
+from layerserve.engines.onnx import start_runtime
+from layerserve.engines.process.usage import process_usage, trim_heap
 from layerserve.errors import DeadlineExceededError, LoadFailedError, NotFoundError, NotReadyError, QueueFullError
 from layerserve.lifecycle.budget import BudgetFullError, MemoryBudget, Resident, megabytes
 from layerserve.lifecycle.repository import (
@@ -86,6 +87,8 @@ class Reloader:
                 "set engine_cache_dir (--engine-cache-dir) to a writable folder",
                 settings.engine_cache_dir, problem, outcome,
             )  # fmt: skip
+        if self.budget is not None and settings.watch_resident_memory:
+            self.budget.base_bytes = await asyncio.to_thread(self._base_bytes)
         try:
             async with self._lock:
                 folders = self._served_folders()
@@ -437,10 +440,14 @@ class Reloader:
                 f"it needs about {megabytes(need)}, more than the whole model_memory_budget "
                 f"({megabytes(budget.limit)}): raise the budget, or serve it elsewhere"
             ), []
-        residents = [resident for resident in self._residents() if resident.version is not current]
-        need += self._idle_processes_bytes(need, residents)
+        everything = self._residents()
+        residents = [resident for resident in everything if resident.version is not current]
+        idle = self._idle_processes_bytes(need, residents)
+        watched = budget.base_bytes is not None
+        unattributed = budget.unattributed(self._resident_bytes(), everything, idle) if watched else 0
+        need += idle
         try:
-            victims = budget.make_room(need, residents, f"model '{new.name}' version {new.version}")
+            victims = budget.make_room(need, residents, f"model '{new.name}' version {new.version}", unattributed)
         except BudgetFullError as error:
             if not self._is_kept(entry):
                 raise
@@ -483,6 +490,17 @@ class Reloader:
             log.info("engine processes without a session stopped to make room (memory budget)")
             return 0
         return idle
+
+    def _base_bytes(self) -> int:
+        """The worker's resident memory before any version loads, ONNX Runtime's one-time set-up included (it
+        starts now, as it would at the first load): what `watch_resident_memory` holds the budget above."""
+        start_runtime()
+        trim_heap()
+        return self._resident_bytes()
+
+    def _resident_bytes(self) -> int:
+        """The worker's resident memory now: its own process and its engine processes."""
+        return process_usage()[1] + self._registry.engine_processes.usage()[1]
 
     def _residents(self) -> list[Resident]:
         """What takes memory now, each version marked kept when it is kept loaded or requests wait for it."""

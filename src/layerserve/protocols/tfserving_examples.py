@@ -37,6 +37,18 @@ def parse_examples_request(body: bytes, graph: LayerGraph, encoded_input: str | 
     context = request.get("context", {})
     if not isinstance(context, dict):
         raise BadRequestError("'context' must be an object of the features every example shares")
+    return examples_arrays(examples, context, graph, encoded_input)
+
+
+def examples_arrays(
+    examples: list[dict[str, Any]], context: dict[str, Any], graph: LayerGraph, encoded_input: str | None = None
+) -> dict[str, Array]:
+    """Examples (feature name -> value) and the context they share as one array per input (see
+    parse_examples_request).
+
+    Raises:
+        BadRequestError: naming the bad example or feature and what was expected.
+    """
     return {
         name: _feature_array(values, graph.spec(name, "input"), name == encoded_input)
         for name, values in _feature_columns(examples, context).items()

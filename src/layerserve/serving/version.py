@@ -33,6 +33,7 @@ from layerserve.serving.read_through import read_through
 from layerserve.serving.request_checks import RequestChecks
 from layerserve.serving.routing import VersionRouter
 from layerserve.serving.statistics import VersionStatistics
+from layerserve.serving.warmup import WarmupTarget, run_warmup
 from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
 from layerserve.tracing import span
@@ -113,8 +114,8 @@ class ModelVersion:
         return self._in_flight > 0
 
     def load(self, settings: Settings, exporter: Executor, preparer: Preparer, processes: EngineProcessPool) -> None:
-        """Prepare (in the preparer's child process), choose the engine, warm up; on any failure the version
-        is FAILED with the reason.
+        """Prepare (in the preparer's child process), choose the engine, warm up (on the version's own warm-up
+        requests too, see run_warmup); on any failure the version is FAILED with the reason.
 
         `exporter` runs the ONNX exports of this version's cuts in the background.
         """
@@ -154,6 +155,15 @@ class ModelVersion:
             run_async=(router.run_async, router.sends_from_loop), index_check=loaded.checks.index_check,
             lanes=router.lanes,
         )  # fmt: skip
+        try:
+            target = WarmupTarget(
+                loaded.graph, loaded.checks, loaded.codec, router.run, loaded.plan.max_batch_size,
+                settings.max_image_pixels,
+            )  # fmt: skip
+            run_warmup(self.path, self.name, target)
+        except BaseException:
+            self.close()  # a FAILED version keeps no engine (which may hold an engine process's session)
+            raise
         # What this load allocated here, its batchers and model thread included (at least its graph's size).
         self._server_bytes = max(loaded.server_bytes, heap_bytes() - heap_before)
 

@@ -82,7 +82,7 @@ def budget_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
     save_model(build_big(), repository / "big" / "1", "model.keras")
     settings = Settings(
         model_repository=repository, engine_cache_dir=cache, model_memory_budget=30 << 20, admin_token=ADMIN,
-        reload_interval_s=0,
+        reload_interval_s=0, watch_resident_memory=False,  # the server runs in the test's process
     )  # fmt: skip
     live = start_server(settings)
     yield live
