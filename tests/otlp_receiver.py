@@ -123,9 +123,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 def start_http_receiver() -> OtlpReceiver:
     """An OTLP/HTTP receiver on 127.0.0.1 (its `endpoint` is the collector's base URL)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    handler = type("Handler", (_Handler,), {})  # a class of its own: it knows its own receiver
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     receiver = OtlpReceiver(f"http://127.0.0.1:{server.server_address[1]}")
-    _Handler.receiver = receiver
+    handler.receiver = receiver
     threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True).start()
 
     def stop() -> None:
