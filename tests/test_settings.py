@@ -113,23 +113,12 @@ def test_the_settings_table_of_the_docs_is_generated_from_the_settings() -> None
         ({"tls_client_ca_file": "ca.crt"}, "'tls_client_ca_file' (ca.crt) is set without 'tls_cert_file'"),
         ({"grpc_tls_client_ca_file": "ca.crt"}, "'grpc_tls_client_ca_file' (ca.crt) is set without a certificate"),
         ({"tls_min_version": "1.1"}, "tls_min_version"),
-    ],
-)
-def test_tls_settings_that_cannot_serve_are_refused_naming_them(values: dict[str, str], named: str) -> None:
-    with pytest.raises(ConfigError) as raised:
-        load_settings(values, environ={})
-    assert named in str(raised.value)
-
-
-@pytest.mark.parametrize(
-    ("values", "named"),
-    [
         ({"otlp_endpoint": "collector:4318"}, "expected an http:// or https:// URL of an OpenTelemetry collector"),
         ({"otlp_protocol": "http/json"}, "otlp_protocol"),
         ({"trace_sampling_ratio": "1.5"}, "trace_sampling_ratio"),
     ],
 )
-def test_trace_settings_that_cannot_work_are_refused_naming_them(values: dict[str, str], named: str) -> None:
+def test_tls_and_trace_settings_that_cannot_serve_are_refused_naming_them(values: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError) as raised:
         load_settings(values, environ={})
     assert named in str(raised.value)
