@@ -165,3 +165,46 @@ def preparer_children(pid: int) -> list[int]:
 def maps_tensorflow(pid: int) -> bool:
     """Whether the process has TensorFlow's library mapped (it imported TensorFlow)."""
     return "libtensorflow" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@dataclass
+class Replica:
+    """A Ray Serve replica's server, hosted in this process as Ray Serve hosts it: its app under uvicorn (which runs
+    its lifespan), on its loop; its direct port."""
+
+    server: Server
+    url: str
+    direct_url: str
+    loop: asyncio.AbstractEventLoop
+    stop: Callable[[], None]
+
+
+def start_replica(settings: Settings) -> Replica:
+    """A replica of `settings` (as `build_replica` makes it) on a thread, once its models are loaded."""
+    import uvicorn
+
+    from layerserve.transports.ray.replica import build_replica
+
+    direct_port, ingress_port = free_port(), free_port()
+    settings = settings.model_copy(update={"grpc_port": 0})
+    server, _ = build_replica(settings.model_dump_json(), identity="node/replica", direct_port=direct_port)
+    hosted = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=ingress_port, log_level="warning",
+                                           lifespan="on", log_config=None))  # fmt: skip
+    loops: list[asyncio.AbstractEventLoop] = []
+    started = threading.Event()
+
+    async def serve() -> None:
+        loops.append(asyncio.get_running_loop())
+        started.set()
+        await hosted.serve()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    started.wait(30)
+    wait_until(lambda: hosted.started, "the replica has started (its models loaded)", 180)
+
+    def stop() -> None:
+        hosted.should_exit = True
+        thread.join(60)
+
+    return Replica(server, f"http://127.0.0.1:{ingress_port}", f"http://127.0.0.1:{direct_port}", loops[0], stop)

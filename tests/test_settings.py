@@ -113,9 +113,21 @@ def test_the_settings_table_of_the_docs_is_generated_from_the_settings() -> None
         ({"tls_client_ca_file": "ca.crt"}, "'tls_client_ca_file' (ca.crt) is set without 'tls_cert_file'"),
         ({"grpc_tls_client_ca_file": "ca.crt"}, "'grpc_tls_client_ca_file' (ca.crt) is set without a certificate"),
         ({"tls_min_version": "1.1"}, "tls_min_version"),
+        ({"otlp_endpoint": "collector:4318"}, "expected an http:// or https:// URL of an OpenTelemetry collector"),
+        ({"otlp_protocol": "http/json"}, "otlp_protocol"),
+        ({"trace_sampling_ratio": "1.5"}, "trace_sampling_ratio"),
     ],
 )
-def test_tls_settings_that_cannot_serve_are_refused_naming_them(values: dict[str, str], named: str) -> None:
+def test_tls_and_trace_settings_that_cannot_serve_are_refused_naming_them(values: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError) as raised:
         load_settings(values, environ={})
     assert named in str(raised.value)
+
+
+def test_traces_are_set_from_the_environment_and_off_by_default() -> None:
+    environ = {"LAYERSERVE_OTLP_ENDPOINT": "http://collector:4318", "LAYERSERVE_TRACE_SAMPLING_RATIO": "0.25"}
+    settings = load_settings({}, environ=environ)
+    assert (settings.otlp_endpoint, settings.otlp_protocol, settings.trace_sampling_ratio) == (
+        "http://collector:4318", "http/protobuf", 0.25,
+    )  # fmt: skip
+    assert load_settings({}, environ={}).otlp_endpoint is None

@@ -45,6 +45,11 @@ CACHE_ERRORS = Counter(
     "layerserve_cache_errors", "Feature cache failures (backend errors, malformed values).", _CACHE_LABELS
 )
 CACHE_BYTES = Counter("layerserve_cache_stored_bytes", "Bytes written to the feature cache.", _CACHE_LABELS)
+TRACE_SPANS_DROPPED = Counter(
+    "layerserve_trace_spans_dropped",
+    "Finished trace spans not sent to the collector: the export queue was full, or the collector refused them.",
+    ("reason",),
+)
 
 _REQUEST_LABELS = ("model", "version", "route", "status")
 REQUESTS = Counter("layerserve_requests", "HTTP requests answered.", _REQUEST_LABELS)

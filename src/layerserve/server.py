@@ -20,6 +20,7 @@ from layerserve.lifecycle.peers import Peers
 from layerserve.lifecycle.worker_board import WorkerBoard
 from layerserve.runtime import Runtime
 from layerserve.settings import Settings
+from layerserve.tracing import Tracing
 from layerserve.training.launchers import TrainingLauncher
 from layerserve.transports.grpc.server import GrpcDoor
 from layerserve.transports.grpc.servicer import InferenceServicer, ServingState
@@ -54,7 +55,8 @@ class Server:
         grpc_tls = server_tls(settings, "grpc") if settings.grpc_port else None
         self.runtime = runtime = Runtime(settings, board, settle_first, peers, launcher)
         self.data, self.control = runtime.data, runtime.control
-        self.policy = RequestPolicy(settings)
+        self.tracing = Tracing.of(settings)  # None: traces are off
+        self.policy = RequestPolicy(settings, self.tracing)
         # Compressed bodies and messages of both doors inflate here, one at a time: a gzip bomb costs this thread's
         # time, not the event loop's, nor the default executor's, which the engine processes' calls use.
         self.inflater = ThreadPoolExecutor(1, thread_name_prefix="inflate")
@@ -109,6 +111,8 @@ class Server:
             await asyncio.gather(*doors)
         await self.runtime.close()
         self.inflater.shutdown(wait=False, cancel_futures=True)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.close)  # the last spans go out (a few seconds at most)
         log.info("stopped")
 
     async def serve(

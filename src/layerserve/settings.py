@@ -244,6 +244,21 @@ class Settings(BaseModel):
         None, description="Append logs to this file; `-`: standard output; none: standard error."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry collector that gets a trace of each request (http(s)://host:port; OTLP/HTTP "
+        "posts protobuf to `/v1/traces` on it); none: no traces.",
+    )
+    otlp_protocol: Literal["http/protobuf", "grpc"] = Field(
+        "http/protobuf", description="How traces go to `otlp_endpoint`: OTLP/HTTP (port 4318) or OTLP/gRPC (4317)."
+    )
+    trace_sampling_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of the requests without a caller's `traceparent` that are traced (with one, its "
+        "sampled flag decides).",
+    )
     gpu_devices: str | None = Field(
         None, description="GPUs this server may use, as CUDA_VISIBLE_DEVICES (e.g. 0,1; empty: none; none: all)."
     )
@@ -261,6 +276,13 @@ class Settings(BaseModel):
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
+
+    @field_validator("otlp_endpoint", mode="after")
+    @classmethod
+    def _otlp_url(cls, value: str | None) -> str | None:
+        if value and not re.match(r"https?://[^/]", value):
+            raise ValueError(f"expected an http:// or https:// URL of an OpenTelemetry collector, got {value!r}")
+        return value or None
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> Settings:

@@ -25,16 +25,14 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-import uvicorn
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from layerserve.dataplane import VersionView
 from layerserve.server import Server
 from layerserve.transports.policy import GRPC_CODES
 from layerserve.transports.ray.grpc_ingress import CapturedCall, GrpcMethods, RpcAbortedError
-from layerserve.transports.ray.replica import build_replica
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, SLOW_ROWS
-from tests.live_server import LiveServer, free_port, metric_sample, wait_until
+from tests.live_server import LiveServer, Replica, metric_sample, start_replica, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -197,44 +195,11 @@ class RayGrpcIngress:
         call.cancel()
 
 
-@dataclass
-class Replica:
-    """A replica's server, hosted as Ray Serve hosts it: its app under uvicorn (which runs its lifespan), on its
-    loop; its direct port."""
-
-    server: Server
-    url: str
-    direct_url: str
-    loop: asyncio.AbstractEventLoop
-    stop: Callable[[], None]
-
-
 @pytest.fixture(scope="module")
 def replica(guarded_server: LiveServer) -> Iterator[Replica]:
-    settings = guarded_server.server.settings.model_copy(update={"grpc_port": 0})
-    direct_port, ingress_port = free_port(), free_port()
-    server, _ = build_replica(settings.model_dump_json(), identity="node/replica", direct_port=direct_port)
-    hosted = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=ingress_port, log_level="warning",
-                                           lifespan="on", log_config=None))  # fmt: skip
-    loops: list[asyncio.AbstractEventLoop] = []
-    started = threading.Event()
-
-    async def serve() -> None:
-        loops.append(asyncio.get_running_loop())
-        started.set()
-        await hosted.serve()
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    thread.start()
-    started.wait(30)
-    wait_until(lambda: hosted.started, "the replica has started (its models loaded)", 180)
-
-    def stop() -> None:
-        hosted.should_exit = True
-        thread.join(60)
-
-    yield Replica(server, f"http://127.0.0.1:{ingress_port}", f"http://127.0.0.1:{direct_port}", loops[0], stop)
-    stop()
+    hosted = start_replica(guarded_server.server.settings)
+    yield hosted
+    hosted.stop()
 
 
 DOORS = ["http", "http-asgi", "grpc", "ray-direct-port", "ray-http-ingress", "ray-grpc-ingress"]

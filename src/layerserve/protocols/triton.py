@@ -23,6 +23,10 @@ EXTENSIONS = [
 SHARED_MEMORY_UNSUPPORTED = (
     "shared memory is not supported by layerserve; send tensors in the request body (binary tensor data)"
 )
+TRACE_SETTINGS_UNSUPPORTED = (
+    "Triton's trace settings are not supported by layerserve: it sends OpenTelemetry traces to the collector at the "
+    "setting otlp_endpoint, sampled per trace_sampling_ratio (set at start)"
+)
 
 
 def triton_datatype(datatype: str) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from layerserve.features.cache import FeatureCache
 from layerserve.serving.statistics import VersionStatistics
 from layerserve.tensors import Array
+from layerserve.tracing import span
 
 ComputeMisses = Callable[[list[int]], Awaitable[list[list[Array]]]]
 
@@ -24,8 +25,11 @@ async def read_through(
     indices) and stored. Times hits and misses in the statistics (a miss: its lookup and its store, not its
     compute)."""
     started = time.perf_counter()
-    found = await cache.lookup(keys, width, model)
-    misses = [index for index, row in enumerate(found) if row is None]
+    with span("cache lookup") as lookup:
+        found = await cache.lookup(keys, width, model)
+        misses = [index for index, row in enumerate(found) if row is None]
+        if lookup is not None:
+            lookup.set_attributes({"layerserve.cache.rows": len(keys), "layerserve.cache.misses": len(misses)})
     if not misses:
         statistics.cache_hit.add(time.perf_counter() - started)
         return [row for row in found if row is not None]

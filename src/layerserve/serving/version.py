@@ -36,6 +36,7 @@ from layerserve.serving.statistics import VersionStatistics
 from layerserve.serving.warmup import WarmupTarget, run_warmup
 from layerserve.settings import ModelConfig, Settings
 from layerserve.tensors import Array
+from layerserve.tracing import span
 from layerserve.training.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -309,7 +310,8 @@ class ModelVersion:
         spec = self.require_image()
 
         async def compute(encoded: list[bytes]) -> Array:
-            batch = await decoder.decode_batch(encoded, spec)
+            with span("decode"):
+                batch = await decoder.decode_batch(encoded, spec)
             rows = (await self.predict({spec.input_name: batch}, (output,), use_cache=False))[output]
             return pool_features(rows, pool) if pool else rows
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from layerserve.errors import LayerserveError, NotFoundError
 from layerserve.lifecycle.worker_board import is_process_alive
+from layerserve.tracing import CURRENT
 from layerserve.training.job_store import Job, JobRecords, JobState, JobStore
 from layerserve.training.launchers import LocalLauncher, TrainingLauncher, TrainingRun
 from layerserve.training.recipe import TextTrainingParams
@@ -86,6 +87,9 @@ class JobRunner:
             for text, label in zip(texts, labels, strict=True):
                 data.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
         spec = {"model_dir": str(self._repository / model), "params": job.params, "tag": job.id}
+        request = CURRENT.get()  # a traced request submits it: the job's process continues that trace
+        if request is not None:
+            spec["trace"] = request.tracing.job_trace(request)
         (job_dir / JOB_FILE).write_text(json.dumps({**spec, "threads": self._threads}), encoding="utf-8")
         self._jobs[job.id] = job
         self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"job-{job.id}")

@@ -204,6 +204,7 @@ def _progress_reporter(epochs: int, report: ProgressCallback) -> Any:
     class ProgressReporter(keras.callbacks.Callback):  # type: ignore[misc]  # keras is untyped
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._epoch, self._last = epoch + 1, 0.0
+            report({"epoch": self._epoch, "epochs": epochs, "step": 0, "steps": self.params.get("steps") or 0})
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             now = time.monotonic()

@@ -12,7 +12,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from layerserve.tracing import JobTracer
 
 JOB_FILE = "job.json"
 DATA_FILE = "data.jsonl"
@@ -52,15 +55,36 @@ def run(job_dir: Path) -> int:
             texts.append(row["text"])
             labels.append(row["label"])
     params = TextTrainingParams.model_validate(job["params"])
+    tracer = _job_tracer(job)
+
+    def report(progress: dict[str, Any]) -> None:
+        if tracer is not None:
+            tracer.progress(progress)
+        _say({"progress": progress})
+
     try:
-        trained = train_text_classifier(texts, labels, params, lambda progress: _say({"progress": progress}))
+        trained = train_text_classifier(texts, labels, params, report)
         _say({"summary": {"best_epoch": trained.best_epoch, "epochs_run": len(trained.metrics["loss"])}})
         number = write_version(Path(job["model_dir"]), trained, params, tag=job["tag"])
     except LayerserveError as error:
         _say({"error": error.message})
+        if tracer is not None:
+            tracer.close(error.message)
         return 1
+    if tracer is not None:
+        tracer.close()
     _say({"version": number})
     return 0
+
+
+def _job_tracer(job: dict[str, Any]) -> JobTracer | None:
+    """The job's tracer when the request that submitted it was traced (its spans: `training job`, an `epoch` each);
+    else None."""
+    if not job.get("trace"):
+        return None
+    from layerserve.tracing import JobTracer
+
+    return JobTracer(job["trace"], {"layerserve.model": Path(job["model_dir"]).name, "layerserve.job.id": job["tag"]})
 
 
 if __name__ == "__main__":

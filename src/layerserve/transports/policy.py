@@ -22,7 +22,9 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from layerserve.errors import LayerserveError, PayloadTooLargeError
+from layerserve.metrics import SERVED_BY
 from layerserve.settings import Settings
+from layerserve.tracing import CURRENT, RequestTrace, Tracing, end_request
 from layerserve.transports.request_record import RequestRecorder
 
 log = logging.getLogger("layerserve.transports")
@@ -37,6 +39,13 @@ GRPC_CODES = {
     409: "FAILED_PRECONDITION", 413: "RESOURCE_EXHAUSTED", 415: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT",
     CLIENT_CLOSED: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED",
 }  # fmt: skip
+
+
+GRPC_NUMBERS = {
+    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
+    "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9, "UNIMPLEMENTED": 12, "INTERNAL": 13,
+    "UNAVAILABLE": 14, "UNAUTHENTICATED": 16,
+}  # fmt: skip  # the numbers of the codes GRPC_CODES names (a span's rpc.grpc.status_code)
 
 
 def grpc_code_name(status: int) -> str:
@@ -90,13 +99,15 @@ class Exchange:
     """One request or RPC under the policy: what it is called in the metrics and the access log, the token it
     presents, its status once known, and its task (which `cancel` ends when the client goes or its deadline passes)."""
 
-    __slots__ = ("access", "authorization", "is_grpc", "method", "path", "route", "status", "task")
+    __slots__ = ("access", "authorization", "is_grpc", "method", "path", "route", "status", "task", "traceparent")
 
     def __init__(
-        self, method: str, path: str, route: str, access: Access, authorization: bytes | None, is_grpc: bool = False
-    ) -> None:
+        self, method: str, path: str, route: str, access: Access, authorization: bytes | None, is_grpc: bool = False,
+        traceparent: bytes | str | None = None,
+    ) -> None:  # fmt: skip
         self.method, self.path, self.route = method, path, route
         self.access, self.authorization, self.is_grpc = access, authorization, is_grpc
+        self.traceparent = traceparent  # the caller's W3C trace context (read only when traces are on)
         self.status = 500  # what is recorded when nothing was answered
         self.task: asyncio.Task[Any] | None = None
 
@@ -113,8 +124,9 @@ class RequestPolicy:
     """Tokens, the size limit, deadlines, cancellation, metrics and the access log, and the error boundary, for every
     door (see the module)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracing: Tracing | None = None) -> None:
         self.max_body_bytes = settings.max_body_bytes
+        self.tracing = tracing
         self._admin = settings.admin_token.encode() if settings.admin_token else None
         self._api = settings.api_token.encode() if settings.api_token else None
         self._recorder = RequestRecorder(settings.access_log)
@@ -174,6 +186,7 @@ class RequestPolicy:
         recorder = self._recorder
         recorder.start()
         started = time.perf_counter()
+        request = None if self.tracing is None else _begin_trace(self.tracing, exchange)
         try:
             if exchange.access is not Access.PUBLIC and self.needs_tokens:
                 refused = self.authorize(exchange.access, exchange.authorization, exchange.is_grpc)
@@ -196,7 +209,45 @@ class RequestPolicy:
         finally:
             exchange.task = None
             status = grpc_code_name(exchange.status) if exchange.is_grpc else exchange.status
-            recorder.record(exchange.method, exchange.path, exchange.route, status, time.perf_counter() - started)
+            trace_id = None if request is None else _end_trace(request, exchange, status)
+            recorder.record(
+                exchange.method, exchange.path, exchange.route, status, time.perf_counter() - started, trace_id
+            )
+
+
+def _begin_trace(tracing: Tracing, exchange: Exchange) -> RequestTrace:
+    """The exchange's server span, continuing its caller's traceparent; the current trace while its handler runs
+    (when it is sampled)."""
+    if exchange.is_grpc:
+        service, _, method = exchange.path[1:].partition("/")
+        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+        request = tracing.begin(exchange.path[1:], exchange.traceparent, attributes)
+    else:
+        attributes = {"http.request.method": exchange.method, "url.path": exchange.path}
+        request = tracing.begin(f"{exchange.method} {exchange.route}", exchange.traceparent, attributes)
+    if request.is_recording:
+        CURRENT.set(request)  # the handler's task is this one (policy.run is awaited in it): reset at the end
+    return request
+
+
+def _end_trace(request: RequestTrace, exchange: Exchange, status: int | str) -> str:
+    """End the exchange's server span with its outcome; its trace id."""
+    if request.is_recording:
+        CURRENT.set(None)
+        served = SERVED_BY.get()
+        outcome: dict[str, Any] = {"layerserve.route": exchange.route}
+        if served:
+            outcome["layerserve.model"], outcome["layerserve.version"] = served[0], str(served[1])
+        if exchange.is_grpc:
+            outcome["rpc.grpc.status_code"] = GRPC_NUMBERS.get(str(status), 2)
+            name = exchange.path[1:]
+        else:
+            outcome["http.response.status_code"] = status
+            name = f"{exchange.method} {exchange.route}"
+        end_request(request, name, outcome, exchange.status >= 500)
+    else:
+        request.server.end()
+    return request.trace_id
 
 
 def log_internal_error(method: str | None, path: str | None, error: BaseException) -> str:

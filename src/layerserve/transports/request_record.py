@@ -31,8 +31,11 @@ class RequestRecorder:
         self.in_flight += 1
         SERVED_BY.set(None)
 
-    def record(self, method: str, path: str, route: str, status: int | str, seconds: float) -> None:
-        """One answered request (begun with `start`): `status` is an HTTP status code or a gRPC status name."""
+    def record(
+        self, method: str, path: str, route: str, status: int | str, seconds: float, trace_id: str | None = None
+    ) -> None:
+        """One answered request (begun with `start`): `status` is an HTTP status code or a gRPC status name;
+        `trace_id` (when traces are on) ends its access log line."""
         self.in_flight -= 1
         served = SERVED_BY.get()
         model, version = (served[0], str(served[1])) if served else ("", "")
@@ -44,9 +47,12 @@ class RequestRecorder:
         children[0].inc()
         children[1].observe(seconds)
         if self._log_requests:
+            extra = {"route": route, "model": model, "version": version, "status": status, "method": method,
+                     "path": path, "latency_ms": round(seconds * 1000, 3)}  # fmt: skip
+            line = "%s %s route=%s model=%s version=%s status=%s %.2fms"
+            if trace_id is not None:
+                line, extra["trace_id"] = line + " trace_id=%s", trace_id
             access_log.info(
-                "%s %s route=%s model=%s version=%s status=%s %.2fms",
-                method, path, route, model or "-", version or "-", status, seconds * 1000,
-                extra={"route": route, "model": model, "version": version, "status": status,
-                       "method": method, "path": path, "latency_ms": round(seconds * 1000, 3)},
+                line, method, path, route, model or "-", version or "-", status, seconds * 1000,
+                *(() if trace_id is None else (trace_id,)), extra=extra,
             )  # fmt: skip

@@ -214,7 +214,7 @@ def test_trace_settings_are_a_clear_400(client: triton.InferenceServerClient) ->
         lambda: client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}),
         lambda: client.update_trace_settings(model_name="mlp", settings={"trace_rate": "1"}),
     ):
-        with pytest.raises(triton.InferenceServerException, match="tracing is not supported") as error:
+        with pytest.raises(triton.InferenceServerException, match="it sends OpenTelemetry traces") as error:
             call()
         assert _status(error) == "400"
 

@@ -30,7 +30,12 @@ class CallContext(Protocol):
 
 def authorization(context: CallContext) -> bytes | None:
     """The call's `authorization` metadata value, or None."""
+    return metadata_value(context, "authorization")
+
+
+def metadata_value(context: CallContext, name: str) -> bytes | None:
+    """The value of the call's metadata `name` (lower case), or None."""
     for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
+        if key == name:
             return value if isinstance(value, bytes) else str(value).encode()
     return None

@@ -21,7 +21,8 @@ from layerserve.errors import BadRequestError, NotFoundError, NotReadyError
 from layerserve.messages import InferRequest
 from layerserve.protocols import grpc_v2, triton, v2
 from layerserve.protocols.v2 import parse_version_number
-from layerserve.transports.grpc.context import CallContext, authorization
+from layerserve.tracing import span
+from layerserve.transports.grpc.context import CallContext, authorization, metadata_value
 from layerserve.transports.policy import Access, Exchange, Refusal, RequestPolicy, grpc_access, grpc_code_name
 
 SERVICE_PATH = "/inference.GRPCInferenceService"
@@ -60,7 +61,7 @@ class InferenceServicer:
         self, method: str, context: CallContext, handler: Callable[..., Awaitable[Answer]], *args: Any
     ) -> Answer:
         """One RPC under the policy; a refusal ends the call with its status."""
-        exchange = _exchange(method, grpc_access(method), context, self._policy.needs_tokens)
+        exchange = _exchange(method, grpc_access(method), context, self._policy)
         answer = await self._policy.run(exchange, handler, *args)
         if isinstance(answer, Refusal):
             await context.abort(grpc.StatusCode[grpc_code_name(answer.status)], answer.message)
@@ -144,12 +145,13 @@ class InferenceServicer:
         if layout is None:
             return await self._infer_parsed(_parse(message), context)
         async with self._state.data.open(layout.model, parse_version_number(layout.version)) as view:
-            templates = view.parse_state(grpc_v2.InferTemplates)
-            parsed = templates.apply(message, layout)
-            if parsed is None:  # a message of a shape not seen before: parsed in full, kept as a template
-                request = _parse(message)
-                parsed = grpc_v2.parse_model_infer(request, view.check_declared)
-                templates.keep(message, request, parsed)
+            with span("decode"):
+                templates = view.parse_state(grpc_v2.InferTemplates)
+                parsed = templates.apply(message, layout)
+                if parsed is None:  # a message of a shape not seen before: parsed in full, kept as a template
+                    request = _parse(message)
+                    parsed = grpc_v2.parse_model_infer(request, view.check_declared)
+                    templates.keep(message, request, parsed)
             return await self._answer(view, parsed, context)
 
     async def _infer(self, request: pb.ModelInferRequest, context: CallContext) -> pb.ModelInferResponse:
@@ -160,14 +162,17 @@ class InferenceServicer:
     async def _infer_parsed(self, request: pb.ModelInferRequest, context: CallContext) -> pb.ModelInferResponse:
         number = parse_version_number(request.model_version)
         async with self._state.data.open(request.model_name, number) as view:
-            return await self._answer(view, grpc_v2.parse_model_infer(request, view.check_declared), context)
+            with span("decode"):
+                parsed = grpc_v2.parse_model_infer(request, view.check_declared)
+            return await self._answer(view, parsed, context)
 
     async def _answer(self, view: VersionView, parsed: InferRequest, context: CallContext) -> pb.ModelInferResponse:
         timeout_ms = self._policy.deadline_ms(parsed.timeout_ms, context.time_remaining())
         if timeout_ms != parsed.timeout_ms:
             parsed = dataclasses.replace(parsed, timeout_ms=timeout_ms)
         answer = await view.infer(parsed)
-        return grpc_v2.encode_model_infer(answer, self._policy.max_body_bytes)
+        with span("encode"):
+            return grpc_v2.encode_model_infer(answer, self._policy.max_body_bytes)
 
     async def ModelStreamInfer(  # noqa: N802
         self, requests: AsyncIterator[pb.ModelInferRequest], context: CallContext
@@ -201,7 +206,7 @@ class InferenceServicer:
                 task.cancel()
 
     async def _stream_answer(self, request: pb.ModelInferRequest, context: CallContext) -> pb.ModelStreamInferResponse:
-        exchange = _exchange(_STREAM, Access.PUBLIC, context, False)  # the stream's token was checked
+        exchange = _exchange(_STREAM, Access.PUBLIC, context, self._policy)  # the stream's token was checked
         response = await self._policy.run(exchange, self._infer, request, context)
         if isinstance(response, Refusal):
             return pb.ModelStreamInferResponse(error_message=response.message)
@@ -266,18 +271,19 @@ class InferenceServicer:
         return await self._unsupported(context, triton.SHARED_MEMORY_UNSUPPORTED)
 
     async def TraceSetting(self, request: Any, context: CallContext) -> Any:  # noqa: N802
-        """UNIMPLEMENTED: tracing is not supported."""
-        return await self._unsupported(context, "tracing is not supported by layerserve; see /metrics and access_log")
+        """UNIMPLEMENTED: Triton's trace settings are not supported (traces are OpenTelemetry's: otlp_endpoint)."""
+        return await self._unsupported(context, triton.TRACE_SETTINGS_UNSUPPORTED)
 
     async def LogSettings(self, request: Any, context: CallContext) -> Any:  # noqa: N802
         """UNIMPLEMENTED over gRPC: the log settings are at REST GET|POST /v2/logging."""
         return await self._unsupported(context, "log settings are not served over gRPC; use REST GET|POST /v2/logging")
 
 
-def _exchange(method: str, access: Access, context: CallContext, needs_token: bool) -> Exchange:
+def _exchange(method: str, access: Access, context: CallContext, policy: RequestPolicy) -> Exchange:
     """The policy's exchange of one RPC (or stream message)."""
-    token = authorization(context) if needs_token and access is not Access.PUBLIC else None
-    return Exchange("GRPC", f"{SERVICE_PATH}/{method}", f"grpc.{method}", access, token, is_grpc=True)
+    token = authorization(context) if policy.needs_tokens and access is not Access.PUBLIC else None
+    traceparent = metadata_value(context, "traceparent") if policy.tracing is not None else None
+    return Exchange("GRPC", f"{SERVICE_PATH}/{method}", f"grpc.{method}", access, token, True, traceparent)
 
 
 async def _put_while(queue: asyncio.Queue[Any], item: Any, writer: asyncio.Task[None]) -> None:

@@ -16,6 +16,7 @@ from layerserve.dataplane import VersionView
 from layerserve.errors import BadRequestError
 from layerserve.messages import ClassifyRequest, FeaturesRequest
 from layerserve.protocols.v2 import load_json_object
+from layerserve.tracing import span
 from layerserve.transports.http.bodies import (
     NPY_MEDIA_TYPE,
     JSONResponse,
@@ -81,9 +82,10 @@ async def classify(request: Request) -> Response:
         k = _query_int(query, "top_k", 5) or 5
         items = await _items(request, view)
         answer = await view.classify(ClassifyRequest(view.model, items, k, view.version, _use_cache(query)))
-        return JSONResponse(
-            {"model_name": answer.model, "model_version": str(answer.version), "predictions": answer.predictions}
-        )
+        with span("encode"):
+            return JSONResponse(
+                {"model_name": answer.model, "model_version": str(answer.version), "predictions": answer.predictions}
+            )
 
 
 async def features(request: Request) -> Response:
@@ -102,13 +104,14 @@ async def features(request: Request) -> Response:
         answer = await view.features(
             FeaturesRequest(view.model, items, layer, pool, view.version, _use_cache(query), ids)
         )
-        if wants_npy(request):
-            return Response(npy_bytes(answer.features), media_type=NPY_MEDIA_TYPE)
-        vectors = answer.features
-        return JSONResponse(
-            {"model_name": answer.model, "model_version": str(answer.version), "layer": layer,
-             "datatype": str(vectors.dtype), "shape": list(vectors.shape), "features": vectors}
-        )  # fmt: skip
+        with span("encode"):
+            if wants_npy(request):
+                return Response(npy_bytes(answer.features), media_type=NPY_MEDIA_TYPE)
+            vectors = answer.features
+            return JSONResponse(
+                {"model_name": answer.model, "model_version": str(answer.version), "layer": layer,
+                 "datatype": str(vectors.dtype), "shape": list(vectors.shape), "features": vectors}
+            )  # fmt: skip
 
 
 async def stored_feature(request: Request) -> Response:

@@ -108,7 +108,8 @@ class DirectLane:
         scope = cycle.scope
         authorization = header_value(scope, b"authorization") if self._policy.needs_tokens else None
         path = scope["path"]
-        exchange = Exchange(scope["method"], path, route, http_access(path), authorization)
+        traceparent = header_value(scope, b"traceparent") if self._policy.tracing is not None else None
+        exchange = Exchange(scope["method"], path, route, http_access(path), authorization, False, traceparent)
         scope["app"], scope["path_params"], scope["endpoint"] = self._app, params, endpoint
         request = Request(scope, cycle.receive)
         answer = await self._policy.run(exchange, self._answer, exchange, cycle, endpoint, request)

@@ -31,7 +31,8 @@ class PolicyMiddleware:
             return
         path = scope["path"]
         authorization = header_value(scope, b"authorization") if self._policy.needs_tokens else None
-        exchange = Exchange(scope["method"], path, "none", http_access(path), authorization)
+        traceparent = header_value(scope, b"traceparent") if self._policy.tracing is not None else None
+        exchange = Exchange(scope["method"], path, "none", http_access(path), authorization, False, traceparent)
         watch = None if EXTENSION in scope.get("extensions", ()) else DisconnectWatch(receive, exchange, self._watches)
         answer = _Answer(send, exchange, watch)
         try:

@@ -10,6 +10,7 @@ from layerserve.dataplane import VersionStatus, VersionView
 from layerserve.messages import InferRequest
 from layerserve.protocols import tfserving, tfserving_examples
 from layerserve.tensors import Array
+from layerserve.tracing import span
 from layerserve.transports.http.bodies import JSONResponse, read_body
 from layerserve.transports.http.services import services
 from layerserve.transports.http.v2_routes import parse_version
@@ -78,9 +79,11 @@ async def predict(request: Request) -> Response:
     """POST /v1/models/{model}[/versions/{version}|/labels/{label}]:predict."""
     body = await read_body(request, services(request).settings.max_body_bytes)
     async with _open(request) as view:
-        parsed = tfserving.parse_predict_request(body, view.graph, view.encoded_input)
+        with span("decode"):
+            parsed = tfserving.parse_predict_request(body, view.graph, view.encoded_input)
         outputs = await _infer(view, parsed.inputs, parsed.outputs)
-        return Response(tfserving.encode_predict_response(parsed, outputs), media_type="application/json")
+        with span("encode"):
+            return Response(tfserving.encode_predict_response(parsed, outputs), media_type="application/json")
 
 
 async def classify(request: Request) -> Response:

@@ -9,7 +9,7 @@ from starlette.routing import Route
 
 from layerserve.errors import BadRequestError
 from layerserve.logs import log_settings, update_log_settings
-from layerserve.protocols.triton import SHARED_MEMORY_UNSUPPORTED, model_config
+from layerserve.protocols.triton import SHARED_MEMORY_UNSUPPORTED, TRACE_SETTINGS_UNSUPPORTED, model_config
 from layerserve.protocols.v2 import load_json_object
 from layerserve.transports.http.bodies import JSONResponse, read_body
 from layerserve.transports.http.services import services
@@ -41,8 +41,8 @@ async def logging_settings(request: Request) -> Response:
 
 
 async def trace_settings(request: Request) -> Response:
-    """GET|POST /v2[/models/{model}]/trace/setting: a 400, tracing is not supported."""
-    raise BadRequestError("tracing is not supported by layerserve; see /metrics and the access log (access_log)")
+    """GET|POST /v2[/models/{model}]/trace/setting: a 400, Triton's trace settings are not supported."""
+    raise BadRequestError(TRACE_SETTINGS_UNSUPPORTED)
 
 
 async def shared_memory(request: Request) -> Response:

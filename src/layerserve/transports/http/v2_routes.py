@@ -8,6 +8,7 @@ from starlette.routing import Route
 
 from layerserve import __version__
 from layerserve.protocols import triton, v2
+from layerserve.tracing import span
 from layerserve.transports.http.bodies import JSONResponse, read_body
 from layerserve.transports.http.cycle import header_value
 from layerserve.transports.http.services import services
@@ -65,9 +66,12 @@ async def infer(request: Request) -> Response:
     async with found.data.open(request.path_params["model"], parse_version(request)) as view:
         raw_length = header_value(request.scope, _HEADER_LENGTH)
         header_length = None if raw_length is None else raw_length.decode("latin-1")
-        templates = view.parse_state(v2.HeaderTemplates)
-        parsed = templates.parse(body, header_length, view.model, view.version, view.check_declared)
-        content, length = v2.encode_infer_response(parsed, await view.infer(parsed))
+        with span("decode"):
+            templates = view.parse_state(v2.HeaderTemplates)
+            parsed = templates.parse(body, header_length, view.model, view.version, view.check_declared)
+        answer = await view.infer(parsed)
+        with span("encode"):
+            content, length = v2.encode_infer_response(parsed, answer)
         if length is None:
             return Response(content, media_type="application/json")
         response = Response(content, media_type="application/octet-stream")
