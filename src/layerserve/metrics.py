@@ -173,6 +173,11 @@ _VERSION_SERIES = (QUEUED, BATCH_SIZE, QUEUE_SECONDS, COMPUTE_SECONDS, BATCH_ISO
                    MODEL_LOAD_SECONDS)  # fmt: skip
 
 
+# Servers in one process (embedded, or a test's) share these gauges: each samples them and reads them back as
+# one step under this lock, so that its /metrics never shows a neighbour's budget or resident bytes.
+GAUGES_SAMPLED = threading.RLock()
+
+
 def set_version_memory(name: str, version: int, memory: dict[str, int]) -> None:
     """Record a version's resident memory by part (`ModelVersion.memory`) for /metrics."""
     for part in _MEMORY_PARTS:

@@ -24,6 +24,7 @@ from layerserve.lifecycle.peers import Peers
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.lifecycle.worker_board import WorkerBoard
 from layerserve.metrics import (
+    GAUGES_SAMPLED,
     MODEL_MEMORY_BUDGET_BYTES,
     MODEL_RESIDENT_BYTES,
     QUEUED,
@@ -107,12 +108,7 @@ class Runtime:
     async def exposition(self) -> bytes:
         """This process's metrics, or with several workers every worker's, summed per metric (on Ray Serve, every
         replica's: see transports/ray/metric_sum.py), freshly sampled, in Prometheus text format."""
-        await asyncio.to_thread(self.sample_process)
-        registry = REGISTRY
-        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        text = generate_latest(registry)
+        text = await asyncio.to_thread(self._sampled_exposition)
         if self.peers is not None:
             text = await self.peers.exposition(text)
         return text
@@ -145,8 +141,21 @@ class Runtime:
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
         await wait_closed(self._cache_backend)
 
+    def _sampled_exposition(self) -> bytes:
+        registry = REGISTRY
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        with GAUGES_SAMPLED:
+            self.sample_process()
+            return generate_latest(registry)
+
     def sample_process(self, with_gpu: bool = True) -> None:
         """Refresh this process's CPU and memory gauges (its engine processes counted in) and its queue depths."""
+        with GAUGES_SAMPLED:
+            self._sample_process(with_gpu)
+
+    def _sample_process(self, with_gpu: bool) -> None:
         sample_process(self.registry.engine_processes.usage(), with_gpu)
         resident = 0
         for entry in list(self.registry.models.values()):

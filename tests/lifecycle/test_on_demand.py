@@ -239,6 +239,29 @@ def test_load_counts_against_the_budget_and_unload_frees(budget_server: LiveServ
     assert states(budget_server)[SMALL[-1]][0] == "UNAVAILABLE"
 
 
+def test_a_neighbour_server_in_the_process_never_shows_in_the_budget_gauges(
+    budget_server: LiveServer, server: LiveServer
+) -> None:
+    """Servers in one process share the process's gauges; each one's /metrics still shows its own budget while
+    the other (no budget) samples them over and over."""
+    import threading
+
+    stop = threading.Event()
+
+    def sample_the_neighbour() -> None:
+        while not stop.is_set():
+            server.server.runtime.sample_process(with_gpu=False)
+
+    neighbour = threading.Thread(target=sample_the_neighbour, daemon=True)
+    neighbour.start()
+    try:
+        budgets = {gauge(budget_server, "layerserve_model_memory_budget_bytes") for _ in range(100)}
+    finally:
+        stop.set()
+        neighbour.join(timeout=10)
+    assert budgets == {9 * MB}
+
+
 def test_new_versions_of_listed_models_are_listed_and_of_loaded_ones_loaded(
     budget_repository: Path, budget_cache: Path, tmp_path: Path, rng: np.random.Generator
 ) -> None:
