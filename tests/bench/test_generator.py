@@ -66,6 +66,7 @@ def test_bench_tensor_workload_with_bare_baseline_and_ceiling(
         assert step["server_cpu_percent"] is not None and step["server_rss_bytes"] > 0
         assert "vs_in_process" in step and 0 < step["vs_bare"] < math.inf  # the median of the paired slices
         assert 0.5 <= step["duration_s"] < 5  # the slices add up to the step (each until its last answer)
+        assert step["mean_batch_size"] >= 3  # rows per model call, from the server's /metrics: 3 a request at least
     assert served >= 3 * sum(s["requests"] for s in steps)  # the server saw every row (plus the warm-up)
     # At concurrency 1 only: served p50 over the model's own batch of one, in process (a loopback round trip more).
     assert math.isfinite(steps[0]["p50_over_in_process_ms"]) and "p50_over_in_process_ms" not in steps[1]
@@ -115,7 +116,7 @@ def test_grpc_protocol_counts_every_request(server: LiveServer) -> None:
     served = _rows_served(server, "mlp", "2") - before
     for step in report["steps"]:
         assert step["errors"] == {} and step["requests"] > 0 and step["samples_s"] == pytest.approx(2 * step["req_s"])
-        assert "vs_bare" in step
+        assert "vs_bare" in step and step["mean_batch_size"] >= 2
     assert served >= 2 * sum(s["requests"] for s in report["steps"])
     # The bare gRPC stack answered every call with grpc-status 0 (a status the client could not read counts as 2).
     bare_errors = [step["errors"] for step in report["bare"]]

@@ -67,6 +67,7 @@ class StepResult:
     server_cpu_percent: float | None = None
     server_rss_bytes: float | None = None
     client_cpu_percent: float = 0.0
+    mean_batch_size: float | None = None  # rows per model call on the server over the step (from its /metrics)
 
 
 def _get_json(url: str) -> Any:
@@ -202,29 +203,50 @@ def _client_process(args: tuple[str, int, bytes, int, float, bool]) -> tuple[lis
     return out, cpu_seconds
 
 
-def _process_metrics(url: str) -> tuple[float, float] | None:
-    """The server's (CPU seconds, RSS bytes) from its /metrics, or None if it has none."""
+@dataclass(frozen=True)
+class _ServerMetrics:
+    """What the server's /metrics says at one moment: its CPU seconds and RSS bytes, and the rows and model calls
+    its batchers have counted (all its models: the load calls one)."""
+
+    cpu_s: float
+    rss_bytes: float
+    batch_rows: float
+    batches: float
+
+
+def _metric_sum(text: str, name: str) -> float | None:
+    """The sum of every line of one metric in a /metrics text, or None if it has none."""
+    # One line per worker process (`{pid="..."}`) or per model (`{model="...",...}`), one without labels otherwise.
+    values = re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
+    return sum(map(float, values)) if values else None
+
+
+def _process_metrics(url: str) -> _ServerMetrics | None:
+    """The server's figures from its /metrics, or None if it has none."""
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
             text = response.read().decode()
     except (OSError, http.client.HTTPException):  # no server, no /metrics, or not HTTP/1.1 (a bare gRPC server)
         return None
-    # One line per worker process (`{pid="..."}`) with several workers, one line without labels otherwise.
-    cpu = re.findall(r"^layerserve_process_cpu_seconds(?:\{[^}]*\})? (\S+)$", text, re.M)
-    rss = re.findall(r"^layerserve_process_resident_memory_bytes(?:\{[^}]*\})? (\S+)$", text, re.M)
-    return (sum(map(float, cpu)), sum(map(float, rss))) if cpu and rss else None
+    cpu = _metric_sum(text, "layerserve_process_cpu_seconds")
+    rss = _metric_sum(text, "layerserve_process_resident_memory_bytes")
+    if cpu is None or rss is None:
+        return None
+    rows, batches = _metric_sum(text, "layerserve_batch_size_sum"), _metric_sum(text, "layerserve_batch_size_count")
+    return _ServerMetrics(cpu, rss, rows or 0.0, batches or 0.0)
 
 
 @dataclass
 class _Slice:
     """What one closed-loop run measured: (latency, status) samples over `seconds` (from the start to the last
-    answer), the load's and the server's CPU seconds."""
+    answer), the load's and the server's CPU seconds, and the rows and model calls the server's batchers ran."""
 
     samples: list[tuple[float, int]]
     seconds: float
     client_cpu_s: float
     server_cpu_s: float | None = None
     server_rss_bytes: float | None = None
+    server_batches: tuple[float, float] | None = None  # (rows, model calls)
 
 
 def _run_slice(url: str, workload: Workload, concurrency: int, seconds: float, pool: Pool) -> _Slice:
@@ -246,7 +268,8 @@ def _run_slice(url: str, workload: Workload, concurrency: int, seconds: float, p
     samples = [sample for part, _ in per_process for sample in part]
     measured = _Slice(samples, elapsed, sum(cpu for _, cpu in per_process))
     if before and after:
-        measured.server_cpu_s, measured.server_rss_bytes = after[0] - before[0], after[1]
+        measured.server_cpu_s, measured.server_rss_bytes = after.cpu_s - before.cpu_s, after.rss_bytes
+        measured.server_batches = (after.batch_rows - before.batch_rows, after.batches - before.batches)
     return measured
 
 
@@ -266,6 +289,10 @@ def _step(concurrency: int, rows: int, slices: list[_Slice]) -> StepResult:
     if all(cpu is not None for cpu in server_cpu):
         result.server_cpu_percent = 100 * sum(server_cpu) / seconds  # type: ignore[arg-type]
         result.server_rss_bytes = slices[-1].server_rss_bytes
+    batches = [part.server_batches for part in slices if part.server_batches is not None]
+    batch_rows, calls = sum(part[0] for part in batches), sum(part[1] for part in batches)
+    if len(batches) == len(slices) and calls:
+        result.mean_batch_size = batch_rows / calls
     return result
 
 
@@ -369,7 +396,9 @@ def _read_response_blocking(reader: Any) -> int:
 class InProcessModel:
     """A repository's model loaded in this process on the engine the server uses, to measure its ceiling."""
 
-    def __init__(self, repository: Path, model: str, workload: Workload) -> None:
+    def __init__(self, repository: Path, model: str, workload: Workload, threads: int = 0) -> None:
+        """Load the model's newest version; `threads`: intra-op threads per call (0: as a server with the default
+        settings runs it)."""
         from concurrent.futures import ThreadPoolExecutor
 
         from layerserve.lifecycle.prepare import Preparer
@@ -382,7 +411,7 @@ class InProcessModel:
             raise BadRequestError(f"model {model!r} has no version in {repository}")
         number, path = max(specs[0].versions.items())
         self._version = version = ModelVersion(model, number, path, specs[0].config)
-        settings = Settings(model_repository=repository)
+        settings = Settings(model_repository=repository, intra_op_threads=threads)
         self._processes = EngineProcessPool.from_settings(settings)
         self._exporter, self._preparer = ThreadPoolExecutor(1), Preparer()
         self._decoders = ThreadPoolExecutor()
@@ -427,10 +456,11 @@ class InProcessModel:
 
 
 def in_process_ceiling(
-    repository: Path, model: str, workload: Workload, batch_sizes: list[int], seconds: float
+    repository: Path, model: str, workload: Workload, batch_sizes: list[int], seconds: float, threads: int = 0
 ) -> dict[int, float]:
-    """Samples/s of the model on the engine the server uses, per batch size (images: decode included)."""
-    model_here = InProcessModel(repository, model, workload)
+    """Samples/s of the model on the engine the server uses (`threads`: see InProcessModel), per batch size (images:
+    decode included)."""
+    model_here = InProcessModel(repository, model, workload, threads)
     try:
         return {size: model_here.run(size, seconds)[0] for size in batch_sizes}
     finally:
@@ -453,6 +483,7 @@ class BenchOptions:
     text: str = ""
     in_process: Path | None = None
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    in_process_threads: int = 0  # intra-op threads of the model in process (0: as the server runs it by default)
     bare: bool = False
     client_processes: int = 1
     output: Path | None = None
@@ -501,7 +532,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     references = References()
     try:
         if options.in_process is not None:
-            references.model = InProcessModel(options.in_process, options.model, workload)
+            references.model = InProcessModel(options.in_process, options.model, workload, options.in_process_threads)
             rates = {size: references.model.run(size, 3.0)[0] for size in options.batch_sizes}
             references.best_batch = best = max(rates, key=lambda size: rates[size])
             report["in_process"] = {"samples_s": rates, "best_batch_size": best, "best_samples_s": rates[best]}
