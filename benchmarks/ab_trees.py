@@ -8,12 +8,13 @@ measured in turns.
 REF (a commit, branch or tag) is checked out into a temporary git worktree and served from there (its `src` first on
 PYTHONPATH, with this checkout's virtual environment); this checkout, uncommitted changes included, is served beside
 it. Both serve one copy of the demo repository, with a text model of its own (`reviews`, as `small_model.py` trains
-it) for the `text` workload; the `image` workload sends scikit-image's chelsea as a JPEG (as `classify.py` does) to
-`/classify`. Then slices of `layerserve bench` load (feature cache bypassed) take turns on the two
-servers, the order alternating from round to round: this machine's speed drifts by up to 2x within minutes, so only
-slices measured side by side compare. With `--protocol grpc` the slices are gRPC ModelInfer calls to each server's
-gRPC door (its HTTP port + 100) instead of REST. Printed: each round's requests a second and server CPU per request
-for both, and the median of the rounds' ratios (now / REF). Run it on a quiet machine.
+it) for the `text` workload and `textcnn` (as `small_model.py` builds it) when it is the model; the `image` workload
+sends scikit-image's chelsea as a JPEG (as `classify.py` does) to `/classify`. Then slices of `layerserve bench` load
+(feature cache bypassed) take turns on the two servers, the order alternating from round to round: this machine's
+speed drifts by up to 2x within minutes, so only slices measured side by side compare. With `--protocol grpc` the
+slices are gRPC ModelInfer calls to each server's gRPC door (its HTTP port + 100) instead of REST. Printed: each
+round's requests a second and server CPU per request for both, and the median of the rounds' ratios (now / REF). Run
+it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from demo_server import demo_server, sample_jpeg
 from layerserve.bench.generator import WORKLOADS, BenchOptions, run_bench
 from layerserve.demo import build_demo_repository
 from results import ROOT, arguments, table, write_result
-from small_model import TEXT, text_model
+from small_model import TEXT, text_model, textcnn_model
 
 
 def worktree(ref: str, target: Path) -> None:
@@ -112,6 +113,8 @@ def main() -> None:
         build_demo_repository(repository)
         if "text" in args.workload:
             text_model(repository)
+        if args.model == "textcnn":
+            textcnn_model(repository)
         image = sample_jpeg(work / "chelsea.jpg") if "image" in args.workload else None
         with contextlib.ExitStack() as servers:
             ref_server = demo_server(args.port, repository, *_grpc(args.port), source=work / "ref" / "src")

