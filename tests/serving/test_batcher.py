@@ -29,12 +29,10 @@ class GatedModel:
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.gate = gate
         self.calls: list[int] = []
-        self.threads: list[int] = []  # the thread of each call
         self.started = threading.Event()
 
     def __call__(self, arrays: list[Array]) -> list[Array]:
         self.calls.append(arrays[0].shape[0])
-        self.threads.append(threading.get_ident())
         self.started.set()
         if self.gate is not None:
             self.gate.wait(timeout=30)
@@ -186,62 +184,6 @@ async def test_an_inline_batch_waits_one_turn_for_requests_read_by_the_next_poll
     assert model.calls == [2, 1]  # B joined A's batch; the batch waited one turn, not two
     for result, arrays in zip(results, sent, strict=True):
         check(result, arrays)
-
-
-def inline_batcher(model: GatedModel, max_batch: int = 32, delay_s: float = 0.0) -> Batcher:
-    return Batcher(model, ThreadPoolExecutor(1), max_batch, delay_s, QueueBudget(100), ("m", "1"), is_inline=True)
-
-
-@pytest.mark.parametrize("delay_s", [0.0, 0.002])  # a callback's batches, a task's
-async def test_an_inline_batcher_computes_a_lone_request_on_the_loop_and_queued_ones_beside_it(delay_s: float) -> None:
-    gate = threading.Event()
-    model = GatedModel(gate)
-    merger = inline_batcher(model, delay_s=delay_s)
-    loop_thread = threading.get_ident()
-    gate.set()
-    check(await merger.submit(rows(0, 1), None), rows(0, 1))  # alone: on the event loop, as before
-    assert model.threads == [loop_thread]
-
-    gate.clear()
-    sent = [rows(10 * i, 1) for i in range(3)]
-    first = [asyncio.ensure_future(merger.submit(s, None)) for s in sent]
-    await started_again(model, calls=2)  # the three queued together: their batch computes on the model thread
-    later = [rows(100 + 10 * i, 2) for i in range(4)]
-    queued = [asyncio.ensure_future(merger.submit(s, None)) for s in later]
-    for _ in range(5):
-        await asyncio.sleep(0)  # the loop keeps turning (and queueing) while the batch computes
-    assert model.calls == [1, 3] and not merger.is_idle
-    gate.set()
-    results = await asyncio.gather(*first, *queued)
-    assert model.calls == [1, 3, 8]  # what queued meanwhile is the next batch, on the thread too
-    assert model.threads[1] == model.threads[2] != loop_thread
-    for result, arrays in zip(results, sent + later, strict=True):
-        check(result, arrays)
-    assert merger.is_idle
-
-
-async def started_again(model: GatedModel, calls: int) -> None:
-    """Wait (off the loop) until the model has been called `calls` times in all."""
-    for _ in range(3000):
-        if len(model.calls) >= calls:
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"the model was called {len(model.calls)} times, not {calls}")
-
-
-async def test_an_inline_batch_on_the_thread_isolates_a_failing_request_and_skips_a_cancelled_one() -> None:
-    model = PoisonedModel()
-    merger = inline_batcher(model)
-    sent = [rows(1000 * i, 1) for i in range(9)]
-    sent[5][0][0, 1] = PoisonedModel.MARKER
-    tasks = [asyncio.ensure_future(merger.submit(arrays, None)) for arrays in sent]
-    tasks[7].cancel()  # its caller went away before the batch was taken: never computed
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert isinstance(results[5], RuntimeError) and isinstance(results[7], asyncio.CancelledError), results
-    for index in (0, 1, 2, 3, 4, 6, 8):
-        check(results[index], sent[index])  # type: ignore[arg-type]
-    assert model.calls[0] == 8 and threading.get_ident() not in model.threads  # the halves too: off the loop
-    assert max(model.calls[1:]) <= 4 and merger.is_idle  # then halves, down to the failing request alone
 
 
 async def test_full_batch_goes_at_once_and_delay_merges_stragglers() -> None:

@@ -56,20 +56,16 @@ class _Pending:
 class Batcher:
     """Concatenates queued requests along the batch axis up to `max_batch_size` rows per model call.
 
-    A batch is sent when the model thread is free and either the queue holds a full batch or the oldest request
-    has waited `max_delay_s` (0: at once). A request larger than `max_batch_size` runs alone. Off the loop with no
-    delay, a batch holds at most half the rows not yet answered (`_limit`). Every caller gets exactly its own rows
-    back, or the error its own rows cause.
-
-    With `is_inline`, a lone request's batch runs on the event loop itself: for models so fast that the hop to the
-    model thread would cost more than the call. Once requests queue, their batches go to the model thread, one at a
-    time, so that the loop reads, parses and answers the next requests while one computes (`_runs_inline`). With no
-    `max_delay_s`, such a batcher is a callback on a later turn of the loop (see `_flush_inline`), not a task.
-
-    With `run_async`, batches are sent from the event loop instead of the model thread (an engine process's
-    session: the answer wakes the loop directly), up to `lanes` batches at once (see `_lane_is_due`). With
-    `check_rows`, a batch's joined arrays are checked before the call, and a request whose own rows fail it is
-    refused alone.
+    A batch is sent when the model thread is free and either the queue holds a full batch or the
+    oldest request has waited `max_delay_s` (0: at once). A request larger than `max_batch_size`
+    runs alone. Off the loop with no delay, a batch holds at most half the rows not yet answered (`_limit`).
+    Every caller gets exactly its own rows back, or the error its own rows cause. With
+    `is_inline`, batches run on the event loop itself: for models so fast that the hop to the model
+    thread would cost more than the call; with no `max_delay_s`, such a batcher is a callback on a later turn of
+    the loop (see `_flush_inline`), not a task. With `run_async`, batches are sent from the event loop instead of the
+    model thread (an engine process's session: the answer wakes the loop directly), up to `lanes` batches at once
+    (see `_lane_is_due`). With `check_rows`, a batch's
+    joined arrays are checked before the call, and a request whose own rows fail it is refused alone.
     """
 
     def __init__(
@@ -108,7 +104,6 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._flush_scheduled = False
         self._waited_a_turn = False  # (inline) the scheduled flush has waited its one turn (see _flush_inline)
-        self._on_thread = False  # (inline, no delay) a batch computes on the model thread; its end flushes the rest
         self._lanes = lanes if run_async is not None else 1
         self._in_flight = 0  # (lanes) batches computing now
         self._more = asyncio.Event()  # (lanes) rows came, or a batch ended, while one computes
@@ -117,7 +112,7 @@ class Batcher:
     @property
     def is_idle(self) -> bool:
         """Whether nothing is queued or running (the batcher can be dropped)."""
-        return self._task is None and not self._flush_scheduled and not self._in_flight and not self._on_thread
+        return self._task is None and not self._flush_scheduled and not self._in_flight
 
     async def submit(self, arrays: list[Array], deadline: float | None) -> list[Array]:
         """Queue one request's arrays (same first dimension) and wait for its rows of the outputs.
@@ -136,7 +131,7 @@ class Batcher:
         if self._is_inline and not self._max_delay_s:
             # Computed on a later turn of the loop, with whatever else was queued by then: a callback, not a task.
             # No deadline timer either: nothing makes the request wait longer than the batches queued before it.
-            if not self._flush_scheduled and not self._on_thread:
+            if not self._flush_scheduled:
                 self._flush_scheduled = True
                 loop.call_soon(self._flush_inline)
             return await pending.future
@@ -164,8 +159,7 @@ class Batcher:
 
         A batch that is not full waits one more turn of the loop first: the requests whose bytes its next poll of
         the sockets reads join it. Under load, requests come back from clients a few at a time, and without that
-        turn each few made its own model call. A batch of queued requests goes to the model thread instead
-        (`_runs_inline`); what queues while it computes is flushed when it ends.
+        turn each few made its own model call.
         """
         if not self._waited_a_turn and self._rows < self._max_batch_size:
             self._waited_a_turn = True
@@ -173,12 +167,6 @@ class Batcher:
             return
         self._waited_a_turn = self._flush_scheduled = False
         batch = self._take()
-        if batch and not self._runs_inline(batch):
-            self._on_thread = True
-            task = asyncio.create_task(self._compute(batch, inline=False))
-            self._computing.add(task)
-            task.add_done_callback(self._thread_batch_ended)
-            return
         if batch:
             started = self._observe_start(batch)
             span = self._trace(batch, started)
@@ -192,19 +180,6 @@ class Batcher:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_inline)
 
-    def _thread_batch_ended(self, task: asyncio.Task[None]) -> None:
-        self._computing.discard(task)
-        self._on_thread = False
-        if self._queue and not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_inline)
-
-    def _runs_inline(self, batch: list[_Pending]) -> bool:
-        """Whether a batch of an inline batcher computes on the event loop: when it is a lone request with nothing
-        queued behind it. Requests that queued are a load the loop cannot both parse and compute at full speed:
-        their batch computes on the model thread (the engine releases the GIL) while the loop goes on."""
-        return self._is_inline and len(batch) == 1 and not self._queue
-
     async def _serve(self) -> None:
         try:
             while self._queue:
@@ -212,12 +187,12 @@ class Batcher:
                 if self._lanes == 1:
                     batch = self._take()
                     if batch:
-                        await self._compute(batch, self._runs_inline(batch))
+                        await self._compute(batch)
                 elif self._lane_is_due():
                     batch = self._take()
                     if batch:
                         self._in_flight += 1
-                        task = asyncio.create_task(self._compute_on_lane(batch))  # (lanes: never inline)
+                        task = asyncio.create_task(self._compute_on_lane(batch))
                         self._computing.add(task)
                         task.add_done_callback(self._computing.discard)
                 else:
@@ -235,7 +210,7 @@ class Batcher:
 
     async def _compute_on_lane(self, batch: list[_Pending]) -> None:
         try:
-            await self._compute(batch, inline=False)
+            await self._compute(batch)
         finally:
             self._in_flight -= 1
             self._more.set()
@@ -302,27 +277,26 @@ class Batcher:
                 return trace_batch(traced, started, sum(p.rows for p in batch), self._labels)
         return None
 
-    async def _compute(self, batch: list[_Pending], inline: bool) -> None:
+    async def _compute(self, batch: list[_Pending]) -> None:
         started = self._observe_start(batch)
         span = self._trace(batch, started)
         try:
-            await self._answer(batch, inline)
+            await self._answer(batch)
         finally:
             self._compute_metric.observe(time.perf_counter() - started)
             if span is not None:
                 span.end()
 
-    async def _answer(self, batch: list[_Pending], inline: bool) -> None:
-        """Run one batch (`inline`: on the event loop) and give every caller its rows. If the call fails, the
-        batch is split in halves and each half run again, so that only the request(s) that fail alone get the
-        error: one bad request never fails the others it was batched with. An error that says the engine itself is
-        gone fails them all."""
+    async def _answer(self, batch: list[_Pending]) -> None:
+        """Run one batch and give every caller its rows. If the call fails, the batch is split in halves and
+        each half run again, so that only the request(s) that fail alone get the error: one bad request never
+        fails the others it was batched with. An error that says the engine itself is gone fails them all."""
         started = time.perf_counter()
         try:
             batch, arrays = self._joined_checked(batch)
             if not batch:
                 return
-            if inline:
+            if self._is_inline:
                 outputs = self._run(arrays)
             elif self._run_async is not None:
                 outputs = await self._run_async(arrays)
@@ -331,7 +305,7 @@ class Batcher:
             split = _split(outputs, [p.rows for p in batch])
         except Exception as error:
             for half in self._halves_to_retry(batch, error):
-                await self._answer(half, inline)
+                await self._answer(half)
             return
         self._deliver(batch, split, started)
 
