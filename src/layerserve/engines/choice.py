@@ -26,6 +26,14 @@ def open_onnx(
     return OnnxEngine(path, inputs, threads)
 
 
+def onnx_refusal(verdict: Verdict, atol: float) -> str:
+    """Why the verified export may not serve (its error, or a difference from Keras over `atol`); "" when it may."""
+    difference = verdict.max_difference
+    if difference is not None and difference <= atol:
+        return ""
+    return verdict.error or f"ONNX verification failed: max difference {difference:.2e} > {atol:.0e}"
+
+
 def choose_engine(
     verdict: Verdict,
     choice: str,
@@ -46,12 +54,11 @@ def choose_engine(
     kind = EngineKind(choice)
     if kind is EngineKind.KERAS:
         return EngineChoice(keras_engine(), "engine=keras was requested")
-    difference = verdict.max_difference
-    if difference is not None and difference <= atol:
+    reason = onnx_refusal(verdict, atol)
+    if not reason:
         engine = open_onnx(cache_file, inputs, threads, processes, warmup_rows)
         where = "" if engine.in_process else f"; runs in engine process {getattr(engine, 'pid', '?')}"
-        return EngineChoice(engine, f"ONNX verified against Keras: max difference {difference:.2e}{where}")
-    reason = verdict.error or f"ONNX verification failed: max difference {difference:.2e} > {atol:.0e}"
+        return EngineChoice(engine, f"ONNX verified against Keras: max difference {verdict.max_difference:.2e}{where}")
     if kind is EngineKind.ONNX:
         raise ModelLoadError(reason)
     log.warning("%s; serving with the Keras compiled call", reason)

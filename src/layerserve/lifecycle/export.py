@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from layerserve.engines.base import cache_problem, onnx_cache_path
+from layerserve.engines.choice import onnx_refusal
 from layerserve.errors import ConfigError, ModelLoadError
 from layerserve.lifecycle.model import file_digest, find_model_file
 from layerserve.lifecycle.prepare import ModelSource, Preparer, read_record
@@ -112,12 +113,11 @@ def _export_version(
         return Outcome(name, number, "failed", f"cannot read {folder}: {error.strerror or error}")
     if read_record(cache_file) is None:
         return Outcome(name, number, "failed", f"its preparation could not be kept in {settings.engine_cache_dir}")
-    difference = verdict.max_difference
-    if difference is not None and difference <= settings.verify_atol:
+    reason = onnx_refusal(verdict, settings.verify_atol)
+    if not reason:
         took = "" if was_cached else f" in {time.perf_counter() - started:.1f} s"
-        detail = f"ONNX verified against Keras (max difference {difference:.2e}){took}"
+        detail = f"ONNX verified against Keras (max difference {verdict.max_difference:.2e}){took}"
         return Outcome(name, number, "cached" if was_cached else "exported", detail)
-    reason = verdict.error or f"ONNX verification failed: max difference {difference:.2e} > {settings.verify_atol:.0e}"
     if engine == "onnx":
         return Outcome(name, number, "failed", f"{reason} (with engine: onnx the server fails this version)")
     return Outcome(name, number, "keras", f"{reason}; the server loads it with Keras (TensorFlow in its process)")
