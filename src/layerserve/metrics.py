@@ -175,7 +175,7 @@ _VERSION_SERIES = (QUEUED, BATCH_SIZE, QUEUE_SECONDS, COMPUTE_SECONDS, BATCH_ISO
 
 # Servers in one process (embedded, or a test's) share these gauges: each samples them and reads them back as
 # one step under this lock, so that its /metrics never shows a neighbour's budget or resident bytes.
-GAUGES_SAMPLED = threading.RLock()
+GAUGES_SAMPLED = threading.Lock()
 
 
 def set_version_memory(name: str, version: int, memory: dict[str, int]) -> None:

@@ -147,7 +147,7 @@ class Runtime:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         with GAUGES_SAMPLED:
-            self.sample_process()
+            self._sample_process(with_gpu=True)
             return generate_latest(registry)
 
     def sample_process(self, with_gpu: bool = True) -> None:

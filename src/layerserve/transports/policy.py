@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+import grpc
+
 from layerserve.errors import LayerserveError, PayloadTooLargeError
 from layerserve.metrics import SERVED_BY
 from layerserve.settings import Settings
@@ -41,11 +43,7 @@ GRPC_CODES = {
 }  # fmt: skip
 
 
-GRPC_NUMBERS = {
-    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
-    "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9, "UNIMPLEMENTED": 12, "INTERNAL": 13,
-    "UNAVAILABLE": 14, "UNAUTHENTICATED": 16,
-}  # fmt: skip  # the numbers of the codes GRPC_CODES names (a span's rpc.grpc.status_code)
+GRPC_NUMBERS = {code.name: code.value[0] for code in grpc.StatusCode}  # a span's rpc.grpc.status_code
 
 
 def grpc_code_name(status: int) -> str:
