@@ -219,13 +219,17 @@ def _begin_trace(tracing: Tracing, exchange: Exchange) -> RequestTrace:
     if exchange.is_grpc:
         service, _, method = exchange.path[1:].partition("/")
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
-        request = tracing.begin(exchange.path[1:], exchange.traceparent, attributes)
     else:
         attributes = {"http.request.method": exchange.method, "url.path": exchange.path}
-        request = tracing.begin(f"{exchange.method} {exchange.route}", exchange.traceparent, attributes)
+    request = tracing.begin(_span_name(exchange), exchange.traceparent, attributes)
     if request.is_recording:
         CURRENT.set(request)  # the handler's task is this one (policy.run is awaited in it): reset at the end
     return request
+
+
+def _span_name(exchange: Exchange) -> str:
+    """The server span's name: the gRPC method's path, or the HTTP method and route (known once routed)."""
+    return exchange.path[1:] if exchange.is_grpc else f"{exchange.method} {exchange.route}"
 
 
 def _end_trace(request: RequestTrace, exchange: Exchange, status: int | str) -> str:
@@ -238,11 +242,9 @@ def _end_trace(request: RequestTrace, exchange: Exchange, status: int | str) -> 
             outcome["layerserve.model"], outcome["layerserve.version"] = served[0], str(served[1])
         if exchange.is_grpc:
             outcome["rpc.grpc.status_code"] = GRPC_NUMBERS.get(str(status), 2)
-            name = exchange.path[1:]
         else:
             outcome["http.response.status_code"] = status
-            name = f"{exchange.method} {exchange.route}"
-        end_request(request, name, outcome, exchange.status >= 500)
+        end_request(request, _span_name(exchange), outcome, exchange.status >= 500)
     else:
         request.server.end()
     return request.trace_id
