@@ -23,6 +23,7 @@ from layerserve.features.images import ImageDecoder
 from layerserve.lifecycle.peers import Peers
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.lifecycle.worker_board import WorkerBoard
+from layerserve.metric_files import exposition_of_files
 from layerserve.metrics import (
     GAUGES_SAMPLED,
     MODEL_MEMORY_BUDGET_BYTES,
@@ -142,13 +143,17 @@ class Runtime:
         await wait_closed(self._cache_backend)
 
     def _sampled_exposition(self) -> bytes:
-        registry = REGISTRY
-        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         with GAUGES_SAMPLED:
             self._sample_process(with_gpu=True)
-            return generate_latest(registry)
+            if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+                return generate_latest(REGISTRY)
+            try:
+                return exposition_of_files()
+            except RuntimeError as error:  # the text is still worth having, at the cost the child spares
+                log.warning("%s; made in this worker instead", error)
+                registry = CollectorRegistry()
+                multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+                return generate_latest(registry)
 
     def sample_process(self, with_gpu: bool = True) -> None:
         """Refresh this process's CPU and memory gauges (its engine processes counted in) and its queue depths."""
