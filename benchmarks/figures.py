@@ -53,6 +53,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "overload": Benchmark("overload.py", ("--duration-s", "60"), ("--duration-s", "5")),
     "workers": Benchmark("workers.py", ("--duration-s", "8"), ("--duration-s", "1")),
     "train_accuracy": Benchmark("train_accuracy.py", (), ("--quick",)),
+    "image_head": Benchmark("image_head.py", (), ("--quick",)),
     "train_stall": Benchmark("train_stall.py", ("--duration-s", "12"), ("--duration-s", "3")),
     "memory": Benchmark("memory.py", (), ("--quick",)),
     "cold_start": Benchmark("cold_start.py", ("--rounds", "20", "--warm", "50"), ("--rounds", "2", "--warm", "5")),

@@ -8,19 +8,26 @@ the typed requests and answers of messages.py.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from layerserve.errors import BadRequestError
+from layerserve.features.explain import METHODS, Explanation, occlusion, score_cam, spatial_layer
 from layerserve.features.feature_store import FeatureStore, StoredFeature, check_ids
-from layerserve.features.images import ImageDecoder
+from layerserve.features.images import ImageDecoder, preprocess
 from layerserve.features.labels import classification_strings, top_k
 from layerserve.features.pooling import check_pool, pool_features
 from layerserve.lifecycle.model import Signature
 from layerserve.messages import (
     ClassifyRequest,
     ClassifyResponse,
+    ExplainRequest,
+    ExplainResponse,
     FeaturesRequest,
     FeaturesResponse,
     InferRequest,
@@ -34,9 +41,12 @@ from layerserve.protocols.v2 import CheckDeclared
 from layerserve.serving.layers import LayerGraph
 from layerserve.serving.registry import ModelRegistry
 from layerserve.serving.version import ModelVersion
+from layerserve.settings import ModelConfig
 from layerserve.tensors import Array
 
 State = TypeVar("State")
+_MAX_CHANNELS = 512  # Score-CAM's masked images an explanation may cost
+_OCCLUSION_GRID = 8
 # Loads a listed version (on demand, under a memory budget) and returns it held: the control plane's.
 OnDemandLoader = Callable[[str, int], Awaitable[ModelVersion]]
 
@@ -103,6 +113,16 @@ class VersionView:
     def version(self) -> int:
         """The version's number."""
         return self._version.version
+
+    @property
+    def folder(self) -> Path:
+        """The version's folder in the repository."""
+        return self._version.path
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model's config.yaml, as the version loaded it."""
+        return self._version.config
 
     @property
     def signature(self) -> Signature:
@@ -183,6 +203,61 @@ class VersionView:
         scores = await self._rows(request.items, served.classify_output, "", request.use_cache)
         return ClassifyResponse(served.name, served.version, top_k(scores, served.labels, request.top_k))
 
+    async def explain(self, request: ExplainRequest) -> ExplainResponse:
+        """Where in one image the model saw the evidence for a class (see layerserve.features.explain), computed by
+        the version's engine and kept per image digest with the version.
+
+        Raises:
+            UnsupportedMediaTypeError: the model does not take images.
+            UnprocessableImageError, PayloadTooLargeError: a bad image.
+            BadRequestError: an unknown method, class or layer, or channels out of range.
+        """
+        served = self._version
+        spec = served.require_image()
+        if request.method not in METHODS:
+            raise BadRequestError(f"method must be one of {', '.join(METHODS)}, got {request.method!r}")
+        if type(request.channels) is not int or not 1 <= request.channels <= _MAX_CHANNELS:
+            raise BadRequestError(f"channels must be an integer from 1 to {_MAX_CHANNELS}, got {request.channels!r}")
+        target = self._target_index(request.target)
+        layer = None
+        if request.method == "score-cam":
+            layer = spatial_layer(served.graph, request.layer, (spec.height, spec.width))
+        key = (hashlib.sha256(request.image).hexdigest(), target, layer, request.channels)
+        pixels = await self._decoder.decode_seen(request.image, spec)
+        explanations = self.parse_state(Explanations)
+        found = explanations.get(key)
+        if found is None:
+
+            def to_input(images: Array) -> Array:
+                return preprocess(images, spec).astype(spec.dtype, copy=False)
+
+            async def predict(batch: Array, outputs: tuple[str, ...]) -> dict[str, Array]:
+                return await served.predict({spec.input_name: batch}, outputs, use_cache=False)
+
+            output, batch = served.classify_output, served.max_batch_size
+            if layer is None:
+                found = await occlusion(predict, pixels, to_input, output, target, _OCCLUSION_GRID, batch)
+            else:
+                found = await score_cam(predict, pixels, to_input, layer, output, target, request.channels, batch)
+            explanations.put(key, found)
+        labels = served.labels
+        label = labels[found.class_index] if labels and found.class_index < len(labels) else str(found.class_index)
+        return ExplainResponse(
+            served.name, served.version, found.heatmap, found.class_index, label, found.score, found.method,
+            found.layer, pixels,
+        )  # fmt: skip
+
+    def _target_index(self, target: str | None) -> int | None:
+        """The class a request names (a label of the model's, or an index), None for its top one."""
+        if target is None or target == "":
+            return None
+        labels = self._version.labels or []
+        if target in labels:
+            return labels.index(target)
+        if target.isascii() and target.isdigit():
+            return int(target)
+        raise BadRequestError(f"class {target!r} is neither a label of the model nor an index")
+
     def check_features(self, layer: str, pool: str, what: str = "pool") -> None:
         """Raises BadRequestError for an unknown layer or pool (before the items are read)."""
         self._version.graph.spec(layer, "output")
@@ -217,6 +292,30 @@ class VersionView:
             raise BadRequestError("give encoded images (bytes) or texts (str), not a mix")
         served.require_image()
         return await served.image_output(images, output, self._decoder, use_cache, pool)
+
+
+class Explanations:
+    """A version's latest explanations (a parse state: gone with the version), by image digest and what was asked."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._found: OrderedDict[tuple[object, ...], Explanation] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[object, ...]) -> Explanation | None:
+        """The explanation kept under `key` (now the most recently used), if any."""
+        with self._lock:
+            found = self._found.get(key)
+            if found is not None:
+                self._found.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[object, ...], explanation: Explanation) -> None:
+        """Keep an explanation, forgetting the least recently used past the size."""
+        with self._lock:
+            self._found[key] = explanation
+            while len(self._found) > self._size:
+                self._found.popitem(last=False)
 
 
 class DataPlane:
@@ -272,6 +371,11 @@ class DataPlane:
         """`VersionView.features` on the version the request names."""
         async with self.open(request.model, request.version) as view:
             return await view.features(request)
+
+    async def explain(self, request: ExplainRequest) -> ExplainResponse:
+        """`VersionView.explain` on the version the request names."""
+        async with self.open(request.model, request.version) as view:
+            return await view.explain(request)
 
     async def metadata(self, model: str, version: int | None = None) -> ModelMetadata:
         """A version's metadata (the active one, else the newest, by default): a version not loaded (on demand) is

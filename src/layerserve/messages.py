@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from layerserve.serving.statistics import VersionStatistics
 from layerserve.settings import VersionPolicy
 from layerserve.tensors import Array, TensorSpec
@@ -89,6 +91,45 @@ class ClassifyResponse:
     model: str
     version: int
     predictions: list[list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ExplainRequest:
+    """One encoded image in; where the model saw the evidence for a class (`target`: a label or an index; default
+    its top one), by `method` (score-cam over `layer`, default the last spatial one; or occlusion)."""
+
+    model: str
+    image: bytes
+    version: int | None = None
+    target: str | None = None
+    method: str = "score-cam"
+    layer: str | None = None
+    channels: int = 32
+
+
+@dataclass(frozen=True)
+class ExplainResponse:
+    """A heatmap over the image the model saw (`pixels`, before its preprocessing), for one class."""
+
+    model: str
+    version: int
+    heatmap: Array
+    class_index: int
+    label: str
+    score: float
+    method: str
+    layer: str | None
+    pixels: Array
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (without the pixels)."""
+        rows, columns = self.heatmap.shape
+        return {
+            "model_name": self.model, "model_version": str(self.version),
+            "class": {"label": self.label, "index": self.class_index, "score": self.score},
+            "method": self.method, "layer": self.layer, "rows": rows, "columns": columns,
+            "heatmap": np.round(self.heatmap, 4).tolist(),
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ photos are written from the packages that ship them."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
+import zipfile
 from pathlib import Path
 
 import keras
@@ -66,7 +68,15 @@ def test_demo_photos_are_the_packaged_ones_and_a_missing_package_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert main(["demo", "photos", str(tmp_path / "photos")]) == 0
-    assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat.png", "face.jpg"]
+    assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat.png", "classes.zip", "face.jpg"]
+    with zipfile.ZipFile(tmp_path / "photos" / "classes.zip") as classes:
+        names = classes.namelist()
+        assert sorted(names) == sorted(
+            [f"cat/chelsea{n}.png" for n in range(4)]
+            + [f"other/{n}.png" for n in ("coffee", "rocket", "astronaut", "motorcycle_left")]
+        )
+        for name in names:
+            assert Image.open(io.BytesIO(classes.read(name))).format == "PNG"
     assert (tmp_path / "photos" / "cat.png").read_bytes() == package_file("skimage", "data/chelsea.png").read_bytes()
     face = package_file("matplotlib", "mpl-data/sample_data/grace_hopper.jpg")
     assert (tmp_path / "photos" / "face.jpg").read_bytes() == face.read_bytes()

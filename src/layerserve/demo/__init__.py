@@ -1,5 +1,5 @@
 """The built-in demo repository (EfficientNet-Lite0 on ImageNet, a legacy .h5 emotion model, a token classifier) and
-photos to send it (a cat, a face)."""
+photos to send it (a cat, a face, and a zip of labelled photos to train a classifier on)."""
 
 from __future__ import annotations
 
@@ -111,7 +111,38 @@ def write_demo_photos(target: Path) -> list[Path]:
     target.mkdir(parents=True, exist_ok=True)
     for name, source in sources.items():
         shutil.copyfile(source, target / name)
-    return [target / name for name in sources]
+    (target / CLASSES_ZIP).write_bytes(demo_classes_zip(sources["cat.png"].parent))
+    return [*(target / name for name in sources), target / CLASSES_ZIP]
+
+
+CLASSES_ZIP = "classes.zip"
+# A tiny labelled set for the README's image-classifier story, from scikit-image's photos (CC0 and public domain):
+# four views of its cat, and four photos of other things.
+_CAT_CROPS = ((0, 0, 451, 300), (0, 0, 300, 300), (100, 0, 451, 300), (50, 20, 400, 280))
+_OTHERS = ("coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png")
+
+
+def demo_classes_zip(skimage_data: Path) -> bytes:
+    """A zip of `cat/` (crops of chelsea.png) and `other/` (four other photos), PNG files, from scikit-image's
+    data folder."""
+    import io
+    import zipfile
+
+    from PIL import Image
+
+    def png(image: Image.Image) -> bytes:
+        encoded = io.BytesIO()
+        image.convert("RGB").save(encoded, format="PNG")
+        return encoded.getvalue()
+
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zipped, Image.open(skimage_data / "chelsea.png") as cat:
+        for number, box in enumerate(_CAT_CROPS):
+            zipped.writestr(f"cat/chelsea{number}.png", png(cat.crop(box)))
+        for name in _OTHERS:
+            with Image.open(skimage_data / name) as other:
+                zipped.writestr(f"other/{Path(name).stem}.png", png(other))
+    return archive.getvalue()
 
 
 def _package_dir(package: str) -> Path | None:

@@ -110,6 +110,16 @@ def to_array(image: Image.Image, spec: ImageSpec) -> Array:
     Raises:
         UnprocessableImageError: the image data is truncated or corrupt.
     """
+    return preprocess(seen_pixels(image, spec), spec).astype(spec.dtype, copy=False)
+
+
+def seen_pixels(image: Image.Image, spec: ImageSpec) -> Array:
+    """The image the model sees, before its preprocessing: decoded, oriented, converted and resized, (H, W, C)
+    float32 in 0..255 (`image` itself is decoded and oriented in place).
+
+    Raises:
+        UnprocessableImageError: the image data is truncated or corrupt.
+    """
     mode = "RGB" if spec.channels == 3 else "L"
     try:
         if image.format == "JPEG":
@@ -121,8 +131,7 @@ def to_array(image: Image.Image, spec: ImageSpec) -> Array:
             image = image.convert(mode)
     except (OSError, ValueError, SyntaxError):
         raise UnprocessableImageError("the image data is truncated or corrupt") from None
-    pixels = np.asarray(_fit(image, spec), dtype=np.float32).reshape(spec.height, spec.width, spec.channels)
-    return preprocess(pixels, spec).astype(spec.dtype, copy=False)
+    return np.asarray(_fit(image, spec), dtype=np.float32).reshape(spec.height, spec.width, spec.channels)
 
 
 def preprocess(pixels: Array, spec: ImageSpec) -> Array:
@@ -164,6 +173,15 @@ class ImageDecoder:
         loop = asyncio.get_running_loop()
         jobs = [loop.run_in_executor(self._pool, load_one, raw, spec, self._max_pixels) for raw in payloads]
         return np.stack(await asyncio.gather(*jobs))
+
+    async def decode_seen(self, payload: bytes, spec: ImageSpec) -> Array:
+        """One encoded image -> the (H, W, C) pixels the model sees before its preprocessing (see seen_pixels).
+
+        Raises:
+            UnprocessableImageError, PayloadTooLargeError: a bad image.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: seen_pixels(decode(payload, self._max_pixels), spec))
 
     async def decode_inputs(self, inputs: dict[str, Array], spec: ImageSpec | None) -> dict[str, Array]:
         """Replace a BYTES image input (encoded images, one per row) with its decoded batch."""

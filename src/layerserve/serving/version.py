@@ -182,6 +182,11 @@ class ModelVersion:
         """Requests waiting in this version's batcher queues now."""
         return self._batchers.queued if self._batchers else 0
 
+    @property
+    def max_batch_size(self) -> int:
+        """The most rows one model call takes."""
+        return self._plan.max_batch_size
+
     def batching(self) -> dict[str, object]:
         """The batching settings in force, for metadata."""
         plan = self._plan

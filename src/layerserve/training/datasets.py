@@ -82,12 +82,13 @@ def _json_lines(content: str) -> list[dict[str, object]]:
     return rows
 
 
-def resolve_data_path(data_dir: Path | None, path: str) -> Path:
-    """A server-side dataset path, which must lie inside the allowed data folder.
+def resolve_data_path(data_dir: Path | None, path: str, folders: bool = False) -> Path:
+    """A server-side dataset path (a file, or with `folders` also a folder), which must lie inside the allowed data
+    folder.
 
     Raises:
         BadRequestError: no data folder is configured, or the path leaves it.
-        NotFoundError: no such file.
+        NotFoundError: no such file (or folder).
     """
     if data_dir is None:
         raise BadRequestError("server-side datasets are off: start the server with --data-dir to allow a folder")
@@ -97,6 +98,6 @@ def resolve_data_path(data_dir: Path | None, path: str) -> Path:
     target = (root / path).resolve()
     if not target.is_relative_to(root):
         raise BadRequestError(f"dataset path {path!r} leaves the data folder; give a path inside it")
-    if not target.is_file():
-        raise NotFoundError(f"no dataset file {path!r} in the data folder")
+    if not target.is_file() and not (folders and target.is_dir()):
+        raise NotFoundError(f"no dataset {'file or folder' if folders else 'file'} {path!r} in the data folder")
     return target

@@ -16,14 +16,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from layerserve.errors import LayerserveError, NotFoundError
 from layerserve.lifecycle.worker_board import is_process_alive
 from layerserve.tracing import CURRENT
 from layerserve.training.job_store import Job, JobRecords, JobState, JobStore
 from layerserve.training.launchers import LocalLauncher, TrainingLauncher, TrainingRun
-from layerserve.training.recipe import TextTrainingParams
 from layerserve.training.train_job import DATA_FILE, JOB_FILE
 
 log = logging.getLogger(__name__)
@@ -33,6 +32,46 @@ _CANCEL_POLL_S = 0.5
 
 
 OnVersion = Callable[[Job], Awaitable[None]]
+Report = Callable[[dict[str, Any]], None]
+
+
+class JobData(Protocol):
+    """What a job trains on: written into its folder when it is submitted, and (for images) prepared in the server
+    once it starts, before its process does."""
+
+    recipe: str  # the training process's recipe: "text" or "image"
+    rows: int  # texts or photos
+
+    def write(self, job_dir: Path) -> dict[str, Any]:
+        """Write the data's files into the job's folder; what job.json adds for the process."""
+
+    async def prepare(self, job_dir: Path, report: Report) -> dict[str, Any]:
+        """What the job's process needs from the server (the features of photos), written into its folder, with
+        progress to `report`; what the job's progress keeps of it (e.g. {"features": {...}}).
+
+        Raises:
+            LayerserveError: it cannot be done (the job fails with the message).
+        """
+
+
+class TextData:
+    """Texts and their labels (data.jsonl); nothing to prepare."""
+
+    recipe = "text"
+
+    def __init__(self, texts: list[str], labels: list[str]) -> None:
+        self.texts, self.labels, self.rows = texts, labels, len(texts)
+
+    def write(self, job_dir: Path) -> dict[str, Any]:
+        """One JSON line a text: {"text", "label"}."""
+        with (job_dir / DATA_FILE).open("w", encoding="utf-8") as data:
+            for text, label in zip(self.texts, self.labels, strict=True):
+                data.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
+        return {"recipe": self.recipe}
+
+    async def prepare(self, job_dir: Path, report: Report) -> dict[str, Any]:
+        """Nothing: the process reads the texts."""
+        return {}
 
 
 class JobRunner:
@@ -52,6 +91,7 @@ class JobRunner:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._processes: dict[str, TrainingRun] = {}
+        self._data: dict[str, JobData] = {}  # a job's data until its process starts
         host = socket.gethostname()
         for job in self._store.all():  # a job of a server process of this machine that stopped meanwhile
             if not job.is_finished and job.host == host and not is_process_alive(job.owner):
@@ -73,25 +113,23 @@ class JobRunner:
             raise NotFoundError(f"no job {job_id!r}; GET /v2/jobs lists them")
         return job
 
-    def submit(self, model: str, texts: list[str], labels: list[str], params: TextTrainingParams, apply: bool) -> Job:
+    def submit(self, model: str, data: JobData, params: dict[str, Any], apply: bool) -> Job:
         """Record a job, write its data, and queue it behind the model's other jobs.
 
         Raises:
             NotReadyError: its record cannot be written (Redis gone); nothing is left of it.
         """
-        job = Job(uuid.uuid4().hex[:16], model, params.model_dump(), apply, len(texts))
+        job = Job(uuid.uuid4().hex[:16], model, params, apply, data.rows)
         self._store.save(job)  # first: a job that cannot be recorded is not started
         job_dir = self._dir / job.id
         job_dir.mkdir(parents=True)
-        with (job_dir / DATA_FILE).open("w", encoding="utf-8") as data:
-            for text, label in zip(texts, labels, strict=True):
-                data.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
-        spec = {"model_dir": str(self._repository / model), "params": job.params, "tag": job.id}
+        spec = {"model_dir": str(self._repository / model), "params": job.params, "tag": job.id, **data.write(job_dir)}
         request = CURRENT.get()  # a traced request submits it: the job's process continues that trace
         if request is not None:
             spec["trace"] = request.tracing.job_trace(request)
         (job_dir / JOB_FILE).write_text(json.dumps({**spec, "threads": self._threads}), encoding="utf-8")
         self._jobs[job.id] = job
+        self._data[job.id] = data
         self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"job-{job.id}")
         return job
 
@@ -107,8 +145,9 @@ class JobRunner:
         if job_id not in self._jobs:
             return await self._cancel_elsewhere(job)
         process, task = self._processes.get(job_id), self._tasks.get(job_id)
-        if process is None:
-            self._finish(job, JobState.CANCELLED, "cancelled while queued")
+        if process is None:  # queued, or preparing its data in this server (an image job's features)
+            how = "preparing its data" if job.state == JobState.RUNNING else "queued"
+            self._finish(job, JobState.CANCELLED, f"cancelled while {how}")
             if task is not None:
                 task.cancel()
             self._remove_leftovers(job)
@@ -169,10 +208,14 @@ class JobRunner:
             raise
         finally:
             self._tasks.pop(job.id, None)
+            self._data.pop(job.id, None)
 
     async def _execute(self, job: Job) -> None:
         job.state, job.started_at = JobState.RUNNING, time.time()
         self._record(job)
+        prepared = await self._prepare(job)
+        if prepared is None:
+            return
         process = await self._launcher.start(self._dir / job.id)
         self._processes[job.id] = process
         job.pid = process.pid
@@ -183,9 +226,9 @@ class JobRunner:
             async for line in process.lines():
                 message = _parse_line(line)
                 if "progress" in message:
-                    job.progress = message["progress"]
-                    if "loss" in job.progress:
-                        job.history.append(job.progress)
+                    job.progress = {**message["progress"], **prepared}
+                    if "loss" in message["progress"]:
+                        job.history.append(message["progress"])
                     self._record(job)
                 elif "summary" in message:  # training ended: which epoch's weights are kept
                     job.progress = {**job.progress, **message["summary"]}
@@ -209,6 +252,30 @@ class JobRunner:
         if job.version is None:
             self._remove_leftovers(job)
         shutil.rmtree(self._dir / job.id, ignore_errors=True)
+
+    async def _prepare(self, job: Job) -> dict[str, Any] | None:
+        """The job's data prepared in this server (see JobData.prepare): what its progress keeps of it, or None
+        when that failed (the job is then FAILED, its folder gone)."""
+        data = self._data.pop(job.id)
+
+        def report(progress: dict[str, Any]) -> None:
+            job.progress = progress
+            self._record(job)
+            if self._cancel_requested(job.id):  # another worker asked: there is no process to signal yet
+                job.error = "cancelled while preparing its data"
+                task = asyncio.current_task()
+                if task is not None:
+                    task.cancel()
+
+        try:
+            return await data.prepare(self._dir / job.id, report)
+        except Exception as error:  # whatever it was, the job fails with it and the server goes on
+            why = error.message if isinstance(error, LayerserveError) else f"{type(error).__name__}: {error}"
+            if not isinstance(error, LayerserveError):
+                log.exception("job %s: preparing its data failed", job.id)
+            self._finish(job, JobState.FAILED, f"preparing its data failed: {why}")
+            self._remove_leftovers(job)
+            return None
 
     async def _watch_cancel(self, job: Job, process: TrainingRun) -> None:
         """Stop the job's process once another server process asks to cancel it (in the shared records)."""

@@ -12,8 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from layerserve.training.train_job import DATA_FILE, JOB_FILE
-
 _TERMINATE_GRACE_S = 5.0
 STDERR_TAIL = 2000  # characters of a crashed job's stderr kept as its error
 
@@ -42,7 +40,7 @@ class TrainingLauncher(Protocol):
     """Starts training processes."""
 
     async def start(self, job_dir: Path) -> TrainingRun:
-        """Start the job whose folder (JOB_FILE, DATA_FILE) is `job_dir`."""
+        """Start the job whose folder (JOB_FILE, and its data: DATA_FILE, or an image job's features) is `job_dir`."""
 
 
 class _LocalRun:
@@ -84,16 +82,16 @@ class LocalLauncher:
         return _LocalRun(process)
 
 
-def _run_on_node(job_file: bytes, data_file: bytes) -> Any:
-    """The body of the Ray task (a generator): the job's folder written on its node, its process run there; yields
-    each stdout line, then `{"exit": code, "stderr": tail}`. Cancelled, it stops the process."""
+def _run_on_node(files: dict[str, bytes]) -> Any:
+    """The body of the Ray task (a generator): the job's folder (its files by name) written on its node, its process
+    run there; yields each stdout line, then `{"exit": code, "stderr": tail}`. Cancelled, it stops the process."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="layerserve-job-") as folder, tempfile.TemporaryFile() as stderr:
         job_dir = Path(folder)
-        (job_dir / JOB_FILE).write_bytes(job_file)
-        (job_dir / DATA_FILE).write_bytes(data_file)
+        for name, content in files.items():
+            (job_dir / name).write_bytes(content)
         process = subprocess.Popen(training_command(job_dir), stdout=subprocess.PIPE, stderr=stderr)
         try:
             assert process.stdout is not None
@@ -154,5 +152,5 @@ class RayLauncher:
         import ray
 
         task = ray.remote(num_cpus=self._cpus, num_returns="streaming", max_retries=0)(_run_on_node)
-        generator = task.remote((job_dir / JOB_FILE).read_bytes(), (job_dir / DATA_FILE).read_bytes())
+        generator = task.remote({path.name: path.read_bytes() for path in job_dir.iterdir() if path.is_file()})
         return _RayRun(generator)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,10 +25,29 @@ METRICS_FILE = "metrics.json"
 NEW_MODEL_CONFIG = "description: text classifier trained by layerserve\ninput: text\n"  # a model training creates
 
 
-class TextTrainingParams(BaseModel):
-    """Training parameters of the text recipe (unknown names are refused)."""
+class TrainingParams(BaseModel):
+    """A recipe's training parameters (unknown names are refused)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def parse(cls, values: Any) -> Self:
+        """Params from a mapping of names to values (HTTP or CLI).
+
+        Raises:
+            BadRequestError: not a mapping, an unknown name or a bad value (each named, the known listed).
+        """
+        if not isinstance(values, dict):
+            raise BadRequestError("'params' must be a JSON object of training parameters")
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            known = ", ".join(cls.model_fields)
+            raise BadRequestError(f"{describe_validation_error(error, 'param')} (known params: {known})") from None
+
+
+class TextTrainingParams(TrainingParams):
+    """Training parameters of the text recipe."""
 
     split: Literal["whitespace", "character"] = Field(
         "whitespace", description="whitespace: words (English); character: each character (Chinese)."
@@ -51,21 +70,6 @@ class TextTrainingParams(BaseModel):
     )  # fmt: skip
     validation_split: float = Field(0.2, ge=0, lt=1, description="Share of the rows held out for validation.")
     seed: int = Field(0, ge=0, description="Seed of the shuffle, the split and the weights.")
-
-    @classmethod
-    def parse(cls, values: Any) -> TextTrainingParams:
-        """Params from a mapping of names to values (HTTP or CLI).
-
-        Raises:
-            BadRequestError: not a mapping, an unknown name or a bad value (each named, the known listed).
-        """
-        if not isinstance(values, dict):
-            raise BadRequestError("'params' must be a JSON object of training parameters")
-        try:
-            return cls.model_validate(values)
-        except ValidationError as error:
-            known = ", ".join(cls.model_fields)
-            raise BadRequestError(f"{describe_validation_error(error, 'param')} (known params: {known})") from None
 
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -170,7 +174,7 @@ def train_text_classifier(
         metrics=["accuracy"],
     )
     validation = (x[cut:], y[cut:]) if held_out else None
-    callbacks = [_progress_reporter(params.epochs, progress)] if progress else []
+    callbacks = [progress_reporter(params.epochs, progress)] if progress else []
     if held_out:
         callbacks.append(
             keras.callbacks.EarlyStopping(monitor="val_loss", patience=params.patience, restore_best_weights=True)
@@ -197,7 +201,7 @@ def _learning_rate(params: TextTrainingParams, steps_per_epoch: int) -> Any:
     )
 
 
-def _progress_reporter(epochs: int, report: ProgressCallback) -> Any:
+def progress_reporter(epochs: int, report: ProgressCallback) -> Any:
     """A Keras callback that reports each epoch's steps (at most once a second) and metrics to `report`."""
     import keras
 
@@ -222,11 +226,24 @@ def _progress_reporter(epochs: int, report: ProgressCallback) -> Any:
 
 
 def write_version(model_dir: Path, trained: TrainedText, params: TextTrainingParams, tag: str = "") -> int:
+    """Write the next version folder of a text model atomically (see stage_version); returns its number."""
+
+    def fill(version_dir: Path) -> None:
+        trained.model.save(version_dir / "model.keras")
+        trained.tokenizer.save(version_dir)
+        (version_dir / LABELS_FILE).write_text("\n".join(trained.labels) + "\n", encoding="utf-8")
+        summary = {"params": params.model_dump(), "history": trained.metrics, "best_epoch": trained.best_epoch}
+        (version_dir / METRICS_FILE).write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
+
+    return stage_version(model_dir, fill, NEW_MODEL_CONFIG, tag)
+
+
+def stage_version(model_dir: Path, fill: Callable[[Path], None], new_model_config: str, tag: str = "") -> int:
     """Write the next version folder of a model atomically; returns its number.
 
-    The version is written into a hidden `.staging-<tag>-*` folder, then renamed to its number. A model
-    that does not exist yet is staged whole (a text model's config.yaml and version 1) beside the other
-    models and renamed into place, so the reloader never sees half of it.
+    `fill` writes the version's files into a hidden `.staging-<tag>-*` folder, which is then renamed to its number.
+    A model that does not exist yet is staged whole (`new_model_config` as its config.yaml, and version 1) beside
+    the other models and renamed into place, so the reloader never sees half of it.
     """
     is_new = not model_dir.exists()
     parent = model_dir.parent if is_new else model_dir
@@ -235,13 +252,9 @@ def write_version(model_dir: Path, trained: TrainedText, params: TextTrainingPar
     try:
         version_dir = staging / "1" if is_new else staging
         version_dir.mkdir(exist_ok=True)
-        trained.model.save(version_dir / "model.keras")
-        trained.tokenizer.save(version_dir)
-        (version_dir / LABELS_FILE).write_text("\n".join(trained.labels) + "\n", encoding="utf-8")
-        summary = {"params": params.model_dump(), "history": trained.metrics, "best_epoch": trained.best_epoch}
-        (version_dir / METRICS_FILE).write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
+        fill(version_dir)
         if is_new:
-            (staging / "config.yaml").write_text(NEW_MODEL_CONFIG, encoding="utf-8")
+            (staging / "config.yaml").write_text(new_model_config, encoding="utf-8")
             staging.rename(model_dir)
             return 1
         numbers = [int(p.name) for p in model_dir.iterdir() if p.name.isascii() and p.name.isdigit()]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,6 @@ def run(job_dir: Path) -> int:
     from layerserve.errors import LayerserveError
     from layerserve.lifecycle.prepare import exit_with_parent, lower_priority
     from layerserve.logs import import_tensorflow_quietly
-    from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
 
     exit_with_parent()
     lower_priority()  # before TensorFlow starts its threads: they inherit it
@@ -48,24 +48,18 @@ def run(job_dir: Path) -> int:
     configure_tensorflow()
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
-    texts, labels = [], []
-    with (job_dir / DATA_FILE).open(encoding="utf-8") as data:
-        for line in data:
-            row = json.loads(line)
-            texts.append(row["text"])
-            labels.append(row["label"])
-    params = TextTrainingParams.model_validate(job["params"])
     tracer = _job_tracer(job)
 
     def report(progress: dict[str, Any]) -> None:
         if tracer is not None:
             tracer.progress(progress)
-        _say({"progress": progress})
+        _say({"progress": {"phase": "training", **progress}})
 
     try:
-        trained = train_text_classifier(texts, labels, params, report)
-        _say({"summary": {"best_epoch": trained.best_epoch, "epochs_run": len(trained.metrics["loss"])}})
-        number = write_version(Path(job["model_dir"]), trained, params, tag=job["tag"])
+        if job.get("recipe") == "image":
+            number = _train_image(job, job_dir, report)
+        else:
+            number = _train_text(job, job_dir, report)
     except LayerserveError as error:
         _say({"error": error.message})
         if tracer is not None:
@@ -75,6 +69,47 @@ def run(job_dir: Path) -> int:
         tracer.close()
     _say({"version": number})
     return 0
+
+
+def _train_text(job: dict[str, Any], job_dir: Path, report: Callable[[dict[str, Any]], None]) -> int:
+    """The text recipe on data.jsonl; the version written."""
+    from layerserve.training.recipe import TextTrainingParams, train_text_classifier, write_version
+
+    texts, labels = [], []
+    with (job_dir / DATA_FILE).open(encoding="utf-8") as data:
+        for line in data:
+            row = json.loads(line)
+            texts.append(row["text"])
+            labels.append(row["label"])
+    params = TextTrainingParams.model_validate(job["params"])
+    trained = train_text_classifier(texts, labels, params, report)
+    _say({"summary": {"best_epoch": trained.best_epoch, "epochs_run": len(trained.metrics["loss"])}})
+    return write_version(Path(job["model_dir"]), trained, params, tag=job["tag"])
+
+
+def _train_image(job: dict[str, Any], job_dir: Path, report: Callable[[dict[str, Any]], None]) -> int:
+    """The image recipe on the features the server computed (features.npz): the head, then the base cut at its layer
+    with the head on top, written as the version."""
+    import numpy as np
+
+    from layerserve.lifecycle.model import find_model_file, load_model
+    from layerserve.training.image_recipe import (
+        FEATURES_FILE,
+        ImageTrainingParams,
+        served_model,
+        train_head,
+        write_image_version,
+    )  # fmt: skip
+
+    params = ImageTrainingParams.model_validate(job["params"])
+    with np.load(job_dir / FEATURES_FILE) as stored:
+        features = {name: stored[name] for name in stored.files}
+    trained = train_head(features, job["classes"], params, report)
+    _say({"summary": {"best_epoch": trained.best_epoch, "epochs_run": len(trained.metrics["loss"])}})
+    base = load_model(find_model_file(Path(job["base_folder"])), trust=bool(job["trust"]))
+    model = served_model(base, job["layer"], trained.model)
+    summary = {"params": params.model_dump(), **job["summary"]}
+    return write_image_version(Path(job["model_dir"]), model, trained, summary, job["config_yaml"], tag=job["tag"])
 
 
 def _job_tracer(job: dict[str, Any]) -> JobTracer | None:

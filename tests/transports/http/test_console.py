@@ -184,6 +184,12 @@ def test_a_photo_shows_egyptian_cat_first_and_a_layer_with_its_heatmap(
     assert drawn > 1000  # the heatmap covers the photo (no pixel comparison: it is there)
     assert p.locator(".chart[data-chart='histogram'] .legend").inner_text().startswith("62,720 values")
     p.screenshot(path=screenshots / "try-image.png", full_page=True)
+    p.click("#explain")
+    p.locator("#explanation").wait_for(timeout=60_000)
+    said = p.inner_text("#explanation")
+    assert 'Where the model saw "Egyptian cat"' in said and "Score-CAM over head_relu, a 7×7 map" in said, said
+    assert "/explain" in p.locator(".curl-line").last.inner_text()
+    p.screenshot(path=screenshots / "try-explain.png", full_page=True)
     page.expect_clean()
 
 

@@ -1,4 +1,5 @@
-"""Images or texts in: /classify (top-k labels) and /features (any layer, pooled); stored features by id."""
+"""Images or texts in: /classify (top-k labels), /features (any layer, pooled) and /explain (a heatmap of the evidence
+for a class); stored features by id."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from starlette.types import Scope
 
 from layerserve.dataplane import VersionView
 from layerserve.errors import BadRequestError
-from layerserve.messages import ClassifyRequest, FeaturesRequest
+from layerserve.features.explain import overlay_png
+from layerserve.messages import ClassifyRequest, ExplainRequest, FeaturesRequest
 from layerserve.protocols.v2 import load_json_object
 from layerserve.tracing import span
 from layerserve.transports.http.bodies import (
@@ -114,6 +116,30 @@ async def features(request: Request) -> Response:
             )  # fmt: skip
 
 
+async def explain(request: Request) -> Response:
+    """POST /v2/models/{model}[/versions/{version}]/explain[?class=C&method=score-cam|occlusion&layer=L&channels=N
+    &format=png]: one image in, a heatmap of where the model saw the evidence for the class (JSON, or the image with
+    the heatmap over it as PNG)."""
+    query = query_parameters(request.scope)
+    fmt = query.get("format", "json")
+    if fmt not in ("json", "png"):
+        raise BadRequestError(f"query 'format' must be json or png, got {fmt!r}")
+    async with services(request).data.open(request.path_params["model"], parse_version(request)) as view:
+        view.require_image()
+        images = await read_images(request, services(request).settings.max_body_bytes)
+        if len(images) != 1:
+            raise BadRequestError(f"/explain takes one image, got {len(images)}")
+        asked = ExplainRequest(
+            view.model, images[0], view.version, query.get("class"), query.get("method", "score-cam"),
+            query.get("layer"), _query_int(query, "channels", 32) or 32,
+        )  # fmt: skip
+        answer = await view.explain(asked)
+    with span("encode"):
+        if fmt == "png":
+            return Response(overlay_png(answer.pixels, answer.heatmap), media_type="image/png")
+        return JSONResponse(answer.to_dict())
+
+
 async def stored_feature(request: Request) -> Response:
     """GET /v2/models/{model}/features/{id}[?layer=L&version=V]: a stored vector, JSON or .npy."""
     query = query_parameters(request.scope)
@@ -145,6 +171,7 @@ _VERSION = "/v2/models/{model}/versions/{version}"
 routes = [
     *(Route(f"{prefix}/classify", classify, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
     *(Route(f"{prefix}/features", features, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
+    *(Route(f"{prefix}/explain", explain, methods=["POST"]) for prefix in (_MODEL, _VERSION)),
     Route("/v2/models/{model}/features/batch", stored_features, methods=["POST"]),
     Route("/v2/models/{model}/features/{feature_id}", stored_feature, methods=["GET"]),
 ]

@@ -47,6 +47,7 @@ _TRAIN = {
     "properties": {
         "dataset": {"type": "object", "properties": {
             "texts": {"type": "array", "items": {"type": "string"}},
+            "images": {"type": "array", "items": {"type": "object", "properties": {"b64": {"type": "string"}}}},
             "labels": {"type": "array", "items": {"type": "string"}},
             "path": {"type": "string"}, "format": {"type": "string", "enum": ["csv", "tsv", "jsonl"]},
             "text_column": {"type": "string"}, "label_column": {"type": "string"},
@@ -95,6 +96,11 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
+_IMAGE = {
+    "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+    "multipart/form-data": {"schema": {"type": "object",
+                                       "properties": {"image": {"type": "string", "format": "binary"}}}},
+}  # fmt: skip
 _IMAGE_OR_TEXTS = {
     **_json(_TEXTS),
     "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
@@ -158,6 +164,14 @@ def document() -> dict[str, Any]:
         **_model_paths("/classify", _operation("Top-k labels of images or texts", _IMAGE_OR_TEXTS, ("top_k",))),
         **_model_paths(
             "/features", _operation("A layer's output per image or text", _IMAGE_OR_TEXTS, ("layer", "pool", "ids"))
+        ),
+        **_model_paths(
+            "/explain",
+            _operation(
+                "Where in one image the model saw a class (Score-CAM or occlusion)",
+                _IMAGE,
+                ("class", "method", "layer", "channels", "format"),
+            ),
         ),
         "/v2/models/{model}/features/{feature_id}": {
             "get": _operation("A stored feature vector", query=("version", "layer")),

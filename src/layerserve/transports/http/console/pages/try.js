@@ -1,5 +1,5 @@
 // Try it: a photo through an image model (top-k bars; any layer's output as a histogram and, for spatial maps, a
-// heatmap over the photo), texts through a text model, a V2 request for any model (prefilled from its signature,
+// heatmap over the photo; an explanation of the top class as a heatmap), texts through a text model, a V2 request for any model (prefilled from its signature,
 // or from a cut chosen on the Layers page). Every action shows the curl line that does the same.
 
 import { api, apiNpy, curlLine } from "../api.js";
@@ -135,6 +135,29 @@ function imagePanel(model, version, layerList, query) {
     curls.append(curlBox(curlLine("POST", path, { files: { image: file.name }, accept: "application/x-npy" })));
   }
 
+  async function explain() {
+    if (!file) {
+      replace(layerOut, h("p", { class: "notice", text: "Pick a photo first." }));
+      return;
+    }
+    const form = new FormData();
+    form.append("image", file, file.name);
+    const path = `${modelPath(model.name)}/explain`;
+    replace(layerOut, h("p", { class: "muted", text: "explaining the top class…" }));
+    try {
+      const answer = await api(path, { method: "POST", form });
+      overlay.width = photo.width;
+      overlay.height = photo.height;
+      drawHeatmap(overlay, [1, answer.rows, answer.columns, 1], answer.heatmap.flat());
+      const how = answer.method === "score-cam" ? `Score-CAM over ${answer.layer}` : "occlusion";
+      replace(layerOut, h("p", { id: "explanation", text: `Where the model saw "${answer.class.label}" ` +
+        `(score ${answer.class.score.toFixed(3)}): ${how}, a ${answer.rows}×${answer.columns} map over the photo.` }));
+    } catch (error) {
+      replace(layerOut, errorBox(error));
+    }
+    curls.append(curlBox(curlLine("POST", path, { files: { image: file.name } })));
+  }
+
   async function take(picked) {
     if (!picked) return;
     file = picked;
@@ -162,7 +185,8 @@ function imagePanel(model, version, layerList, query) {
       h("section", { class: "panel grow" }, top,
         h("h2", { text: "A layer's output", style: "margin-top:18px" }),
         h("div", { class: "controls" }, picker, h("button", { type: "button", id: "show-layer", text: "Show output",
-          onclick: showLayer })), layerOut)),
+          onclick: showLayer }), h("button", { type: "button", id: "explain", text: "Explain the top class",
+          onclick: explain })), layerOut)),
     h("section", { class: "panel" }, h("h2", { text: "The same with curl" }), curls));
 }
 
