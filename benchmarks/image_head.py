@@ -136,13 +136,13 @@ def logistic_baseline(x: np.ndarray, y: list[str], training: list[int], held: li
     return float(np.mean([f == y[i] for f, i in zip(found, held, strict=True)]))
 
 
-def run(fold_count: int, per_class: int | None, seed: int) -> dict[str, Any]:
+def run(fold_count: int, per_class: int | None, seed: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every measurement above, on one demo server."""
     by_class = gcompris_photos()
     photos = [(label, name, data) for label in PHOTO_CLASSES for name, data in by_class[label][:per_class]]
     labels = [label for label, _, _ in photos]
     images = [data for _, _, data in photos]
-    params = {"base": BASE, "seed": seed}
+    params = {"base": BASE, "seed": seed, **(extra or {})}
     with demo_server(free_port()) as (url, _):
         imagenet = top1(url, BASE, images)
         x = features(url, images)
@@ -255,12 +255,13 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--per-class", type=int, help="photos of each class (default: all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--params", type=json.loads, default={}, help="more training params, as JSON")
     parser.add_argument("--quick", action="store_true", help="2 folds of 8 photos a class")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.quick:
         args.folds, args.per_class = 2, 8
-    result = {"parameters": arguments(args), **run(args.folds, args.per_class, args.seed)}
+    result = {"parameters": arguments(args), **run(args.folds, args.per_class, args.seed, args.params)}
     print(render(result))
     if args.json:
         write_result(args.json, result)
