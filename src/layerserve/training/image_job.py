@@ -20,7 +20,7 @@ from layerserve.errors import BadRequestError, QueueFullError
 from layerserve.messages import FeaturesRequest
 from layerserve.serving.layers import LayerGraph
 from layerserve.training.image_data import LabelledPhoto
-from layerserve.training.image_recipe import FEATURES_FILE, ImageTrainingParams, new_model_config, split_photos
+from layerserve.training.image_recipe import ImageTrainingParams, new_model_config, split_photos, write_features
 
 _CHUNK = 32  # photos a features request carries: one batch of the base's
 _AUGMENTATIONS = ("flip", "crop")
@@ -166,7 +166,7 @@ def _encoded(photos: list[tuple[LabelledPhoto, str]]) -> list[bytes | str]:
 
 class ImageData:
     """Labelled photos and the base layer to train on (a JobData): the features are computed once the job starts,
-    and written for its process (features.npz), with what it needs to build the served model."""
+    and written for its process (features.json and its arrays), with what it needs to build the served model."""
 
     recipe = "image"
 
@@ -188,8 +188,8 @@ class ImageData:
         return self._spec
 
     async def prepare(self, job_dir: Path, report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-        """The features of the photos (see photo_features), into features.npz; {"features": {"computed", "reused",
-        "seconds"}}."""
+        """The features of the photos (see photo_features), into the job's folder (write_features); {"features":
+        {"computed", "reused", "seconds"}}."""
         started = time.perf_counter()
         training, validation = split_photos(
             [photo.label for photo in self._photos], self._params.validation_split, self._params.seed
@@ -197,11 +197,6 @@ class ImageData:
         features, counts = await photo_features(
             self._data, self._base, self._photos, self._classes, training, validation, self._params.augment, report
         )
-        arrays = [features[name] for name in ("x_train", "y_train", "x_val", "y_val")]
-        await asyncio.to_thread(_save, job_dir / FEATURES_FILE, *arrays)
+        await asyncio.to_thread(write_features, job_dir, features)
         self._photos = []  # the features are all the process needs
         return {"features": {**counts, "seconds": round(time.perf_counter() - started, 3)}}
-
-
-def _save(path: Path, x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray) -> None:
-    np.savez(path, x_train=x_train, y_train=y_train, x_val=x_val, y_val=y_val)

@@ -18,7 +18,7 @@ from pydantic import Field
 from layerserve.errors import BadRequestError
 from layerserve.training.recipe import LABELS_FILE, METRICS_FILE, TrainingParams, progress_reporter, stage_version
 
-FEATURES_FILE = "features.npz"
+FEATURES_FILE = "features.json"  # the features' arrays: each's dtype and shape, its raw bytes in <name>.bin beside it
 # What a trained model's config.yaml keeps of its base's: how its images are read and batched.
 _INHERITED_CONFIG = ("engine", "resize", "interpolation", "preprocess", "scale", "offset", "max_batch_size",
                      "max_delay_ms", "warmup_batch_size")  # fmt: skip
@@ -50,6 +50,25 @@ class ImageTrainingParams(TrainingParams):
     augment: bool = Field(
         True, description="Also train on each training photo flipped left-right and cropped to its centre 80%."
     )
+
+
+def write_features(job_dir: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write named arrays into a job's folder as raw bytes and a JSON index (nothing to unpickle)."""
+    index = {}
+    for name, array in arrays.items():
+        contiguous = np.ascontiguousarray(array)
+        contiguous.tofile(job_dir / f"{name}.bin")
+        index[name] = {"dtype": contiguous.dtype.str, "shape": list(contiguous.shape)}
+    (job_dir / FEATURES_FILE).write_text(json.dumps(index), encoding="utf-8")
+
+
+def read_features(job_dir: Path) -> dict[str, np.ndarray]:
+    """The arrays write_features wrote."""
+    index = json.loads((job_dir / FEATURES_FILE).read_text(encoding="utf-8"))
+    return {
+        name: np.fromfile(job_dir / f"{name}.bin", dtype=np.dtype(spec["dtype"])).reshape(spec["shape"])
+        for name, spec in index.items()
+    }
 
 
 def split_photos(labels: list[str], validation_split: float, seed: int) -> tuple[list[int], list[int]]:

@@ -88,22 +88,19 @@ def _train_text(job: dict[str, Any], job_dir: Path, report: Callable[[dict[str, 
 
 
 def _train_image(job: dict[str, Any], job_dir: Path, report: Callable[[dict[str, Any]], None]) -> int:
-    """The image recipe on the features the server computed (features.npz): the head, then the base cut at its layer
-    with the head on top, written as the version."""
-    import numpy as np
-
+    """The image recipe on the features the server computed (read_features): the head, then the base cut at its
+    layer with the head on top, written as the version."""
     from layerserve.lifecycle.model import find_model_file, load_model
     from layerserve.training.image_recipe import (
-        FEATURES_FILE,
         ImageTrainingParams,
+        read_features,
         served_model,
         train_head,
         write_image_version,
     )  # fmt: skip
 
     params = ImageTrainingParams.model_validate(job["params"])
-    with np.load(job_dir / FEATURES_FILE) as stored:
-        features = {name: stored[name] for name in stored.files}
+    features = read_features(job_dir)
     trained = train_head(features, job["classes"], params, report)
     _say({"summary": {"best_epoch": trained.best_epoch, "epochs_run": len(trained.metrics["loss"])}})
     base = load_model(find_model_file(Path(job["base_folder"])), trust=bool(job["trust"]))
