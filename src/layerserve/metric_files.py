@@ -38,13 +38,18 @@ def exposition_of_files() -> bytes:
     return done.stdout
 
 
-def main() -> None:
-    """Write the files' text to stdout."""
+def exposition_here() -> bytes:
+    """The text of every worker's metric files, made in this process (the child's work; the fallback when it fails)."""
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    sys.stdout.buffer.write(generate_latest(registry))
+    return generate_latest(registry)
+
+
+def main() -> None:
+    """Write the files' text to stdout."""
+    sys.stdout.buffer.write(exposition_here())
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client import REGISTRY, generate_latest
 
 from layerserve.control import ControlPlane
 from layerserve.dataplane import DataPlane
@@ -23,7 +23,7 @@ from layerserve.features.images import ImageDecoder
 from layerserve.lifecycle.peers import Peers
 from layerserve.lifecycle.reloader import Reloader
 from layerserve.lifecycle.worker_board import WorkerBoard
-from layerserve.metric_files import exposition_of_files
+from layerserve.metric_files import exposition_here, exposition_of_files
 from layerserve.metrics import (
     GAUGES_SAMPLED,
     MODEL_MEMORY_BUDGET_BYTES,
@@ -151,9 +151,7 @@ class Runtime:
                 return exposition_of_files()
             except RuntimeError as error:  # the text is still worth having, at the cost the child spares
                 log.warning("%s; made in this worker instead", error)
-                registry = CollectorRegistry()
-                multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-                return generate_latest(registry)
+                return exposition_here()
 
     def sample_process(self, with_gpu: bool = True) -> None:
         """Refresh this process's CPU and memory gauges (its engine processes counted in) and its queue depths."""
