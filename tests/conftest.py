@@ -23,6 +23,7 @@ from tests.models import (
     build_slow,
     save_model,
 )
+from tests.otlp_receiver import OtlpReceiver, start_http_receiver
 
 
 @pytest.fixture(scope="session")
@@ -117,3 +118,11 @@ def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSer
     live = start_server(settings, grpc=True)
     yield live
     live.stop()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP receiver (tests/otlp_receiver.py), for a traced server's spans."""
+    started = start_http_receiver()
+    yield started
+    started.stop()

@@ -118,6 +118,9 @@ def _models(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     for spec in found:
         print(f"{spec.name}{'  INVALID: ' + spec.error if spec.error else ''}")
+        if spec.config.pipeline is not None:
+            print("  pipeline: " + " -> ".join(f"{s.model} ({s.output or 'its output'})" for s in spec.config.pipeline))
+            continue
         for number, path in sorted(spec.versions.items()):
             try:
                 model = load_model(find_model_file(path), trust=settings.trust_models)

@@ -421,7 +421,7 @@ class DataPlane:
             batching=served.batching(),
             description=served.config.description,
             version_policy=served.config.version_policy,
-            input=served.config.input,
+            input=served.input_kind,
             cache=served.config.cache,
             memory=served.memory() if served.is_ready else {},
             last_used=served.last_used_at,

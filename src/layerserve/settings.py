@@ -440,6 +440,29 @@ class VersionPolicy(BaseModel):
         return ordered[-(self.latest or 1) :]
 
 
+# A pipeline reads its requests as its first step's model does and batches in each step's model: none of its own.
+_STEP_KEYS = (
+    "engine", "input", "resize", "interpolation", "preprocess", "scale", "offset", "warmup_batch_size",
+    "max_batch_size", "max_delay_ms",
+)  # fmt: skip
+
+
+class PipelineStep(BaseModel):
+    """One step of a pipeline: a model (and version), the input that takes the previous step's output, and the
+    output (or layer) handed on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="The step's model (a model of the repository).")
+    version: int | None = Field(None, ge=1, description="Its version (default: the one a request without one gets).")
+    input: str | None = Field(
+        None,
+        description="The input (or layer, a cut) that takes the previous step's output (default: the model's only "
+        "input); the first step takes the pipeline's inputs and names none.",
+    )
+    output: str | None = Field(None, description="The output or layer handed on (default: the model's only output).")
+
+
 class ModelConfig(BaseModel):
     """A model's optional `config.yaml`; unknown keys are errors."""
 
@@ -477,6 +500,32 @@ class ModelConfig(BaseModel):
     keep_loaded: bool = Field(
         False, description="Under a memory budget: loaded at start and never unloaded to make room for others."
     )
+    pipeline: list[PipelineStep] | None = Field(
+        None,
+        description="Serve a chain of models as this one: each step's output is the next one's input; the "
+        "signature is the first step's inputs and the last step's output (version folders are optional).",
+    )
+
+    @field_validator("pipeline", mode="after")
+    @classmethod
+    def _check_pipeline(cls, steps: list[PipelineStep] | None) -> list[PipelineStep] | None:
+        if steps is None:
+            return None
+        if not steps:
+            raise ValueError("a pipeline needs at least one step")
+        if steps[0].input is not None:
+            raise ValueError("step 1 takes the pipeline's inputs: it names no input")
+        return steps
+
+    @model_validator(mode="after")
+    def _check_pipeline_keys(self) -> ModelConfig:
+        if self.pipeline is not None:
+            own = [key for key in _STEP_KEYS if key in self.model_fields_set]
+            if own:
+                raise ValueError(
+                    f"a pipeline takes {', '.join(own)} from its first step's model: remove it from its config.yaml"
+                )
+        return self
 
     @field_validator("version_labels", mode="after")
     @classmethod

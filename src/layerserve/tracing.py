@@ -48,11 +48,11 @@ class _NoSpan:
 NO_SPAN = _NoSpan()
 
 
-def span(name: str) -> AbstractContextManager[Span | None]:
+def span(name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[Span | None]:
     """A child span of the request being served, as a context manager that ends it (and records an error that
     leaves it); NO_SPAN when the request is not traced."""
     current = CURRENT.get()
-    return NO_SPAN if current is None else current.child(name)
+    return NO_SPAN if current is None else current.child(name, attributes=attributes)
 
 
 def epoch_ns(perf_counter: float) -> int:

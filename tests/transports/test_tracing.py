@@ -42,14 +42,6 @@ REQUEST_CHILDREN = {"decode", "queue wait", "engine compute", "encode"}
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    """An OTLP/HTTP receiver."""
-    started = start_http_receiver()
-    yield started
-    started.stop()
-
-
-@pytest.fixture(scope="module")
 def traced(
     tmp_path_factory: pytest.TempPathFactory, engine_cache: Path, receiver: OtlpReceiver
 ) -> Iterator[LiveServer]:

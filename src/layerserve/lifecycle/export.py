@@ -85,6 +85,9 @@ def _export_model(spec: ModelSpec, settings: Settings, preparer: Preparer) -> li
         return [Outcome(spec.name, None, "failed", f"invalid config.yaml: {spec.error}")]
     if not spec.versions:
         return [Outcome(spec.name, None, "skipped", "no version folder to serve")]
+    if spec.config.pipeline is not None:
+        steps = ", ".join(step.model for step in spec.config.pipeline)
+        return [Outcome(spec.name, None, "skipped", f"a pipeline: nothing to export (its steps are {steps})")]
     return [
         _export_version(spec.name, number, path, spec.config, settings, preparer)
         for number, path in spec.versions.items()

@@ -33,6 +33,7 @@ from layerserve.metrics import (
     set_model_state,
     set_version_memory,
 )
+from layerserve.serving.pipeline import pipeline_depth
 from layerserve.serving.registry import ModelEntry, ModelRegistry
 from layerserve.serving.version import ModelVersion, VersionState
 from layerserve.settings import ModelConfig, check_config_override
@@ -102,7 +103,7 @@ class Reloader:
                     )  # fmt: skip
                 scanned = await asyncio.to_thread(self._scan_all, [folder.name for folder in folders])
                 with self._registry.preparer.held():  # one preparer child for the loads, one after the other
-                    for name, found in scanned.items():
+                    for name, found in self._in_load_order(scanned):
                         await self._sync(name, wait_for_copies=False, scanned=found)
         finally:
             self._registry.mark_settled()
@@ -124,7 +125,7 @@ class Reloader:
             polled = [name for name in sorted(present) if not self._is_unloaded(name)]
             scanned = await asyncio.to_thread(self._scan_all, polled)
             with self._registry.preparer.held():
-                for name, found in scanned.items():
+                for name, found in self._in_load_order(scanned):
                     await self._sync(name, wait_for_copies=True, scanned=found)
             for name in set(self._registry.models) - set(present):
                 self._retire_all(self._registry.models.pop(name))
@@ -260,8 +261,53 @@ class Reloader:
         return scan_model(self._repository / name, self._overrides.get(name))
 
     def _stamp(self, path: Path, config: ModelConfig) -> tuple[object, ...]:
-        """What a loaded version was made from: its files, and its config (a load's config may change it)."""
-        return (fingerprint(path), config.model_dump_json())
+        """What a loaded version was made from: its files, and its config (a load's config may change it); for a
+        pipeline, also the versions each step's folder serves (a changed step connects the pipeline again)."""
+        stamp: tuple[object, ...] = (fingerprint(path), config.model_dump_json())
+        for step in config.pipeline or []:
+            found = scan_model(self._repository / step.model) if self._served(step.model) else None
+            served = tuple((n, fingerprint(p)) for n, p in found.versions.items()) if found else ()
+            stamp += ((step.model, served, found.pinned if found else None),)
+        return stamp
+
+    def _served(self, name: str) -> bool:
+        return self._registry.settings.serves_model(name) and (self._repository / name).is_dir()
+
+    def config_of(self, model: str) -> ModelConfig | None:
+        """A served model's config (as the registry knows it, else as its folder holds it): None for no such
+        model. A pipeline's load reads its steps' with it."""
+        entry = self._registry.models.get(model)
+        if entry is not None:
+            return None if entry.spec.error else entry.spec.config
+        if not self._served(model):
+            return None
+        spec = self._scan(model)
+        return None if spec.error else spec.config
+
+    async def step_for_load(self, model: str, version: int | None) -> ModelVersion:
+        """The READY version a pipeline's step names, for its load to check (which runs under the lock, so a
+        listed one is loaded here, not on demand)."""
+        found = self._registry.find(model, version)
+        if found.is_listed:
+            found = await self._load(self._registry.entry(model), found.version, found.path, found.fingerprint)
+        return self._registry.check_ready(found)
+
+    async def hold(self, model: str, version: int | None) -> ModelVersion:
+        """The READY version a pipeline's step names, held for one request (loaded on demand when listed)."""
+        found = self._registry.find(model, version)
+        if found.is_listed and self.budget is not None:
+            return await self.load_on_demand(model, found.version)
+        self._registry.check_ready(found).hold()
+        return found
+
+    def _in_load_order(self, scanned: dict[str, Scanned]) -> list[tuple[str, Scanned]]:
+        """The scanned models, pipelines after the models their steps name (which they check as they load)."""
+        configs = {name: found[0].config for name, found in scanned.items() if not found[0].error}
+
+        def config_of(name: str) -> ModelConfig | None:
+            return configs[name] if name in configs else self.config_of(name)
+
+        return sorted(scanned.items(), key=lambda item: (pipeline_depth(item[0], config_of), item[0]))
 
     def _entry(self, spec: ModelSpec) -> ModelEntry:
         """The registry's entry of the model `spec` was scanned from, made from it when there is none."""
@@ -347,7 +393,10 @@ class Reloader:
             log.error("model %s version %d FAILED: %s", name, number, too_big)
         else:
             await asyncio.gather(*freeing)  # the unloaded versions' memory is back before the new one takes its own
-            await self._registry.load(new)
+            if config.pipeline is not None:
+                await new.connect_pipeline(self, self._registry.settings.request_timeout_ms)
+            else:
+                await self._registry.load(new)
             self._count_load(entry, new)
         if new.is_ready or current is None or not current.is_ready:
             if entry.versions.get(number) is not new:

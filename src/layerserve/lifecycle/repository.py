@@ -124,6 +124,8 @@ def scan_model(model_dir: Path, override: Mapping[str, Any] | None = None) -> Mo
     except ConfigError as error:
         return ModelSpec(model_dir.name, model_dir, ModelConfig(), error=error.message)
     present = _version_folders(model_dir) if model_dir.is_dir() else {}
+    if config.pipeline is not None and not present:
+        present = {1: model_dir / "1"}  # a pipeline needs no version folder: it is version 1 of its config.yaml
     pinned = read_pin(model_dir)
     selected = set(config.version_policy.select(list(present)))
     if pinned in present:

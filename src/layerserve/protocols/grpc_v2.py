@@ -300,8 +300,10 @@ def model_config(config: dict[str, Any]) -> service_pb2.ModelConfigResponse:
 
 
 def model_statistics(stats: list[dict[str, Any]]) -> service_pb2.ModelStatisticsResponse:
-    """Triton's `model_stats` entries (statistics.py's dicts) as a ModelStatisticsResponse."""
-    return json_format.ParseDict({"model_stats": stats}, service_pb2.ModelStatisticsResponse())
+    """Triton's `model_stats` entries (statistics.py's dicts) as a ModelStatisticsResponse (a pipeline's `steps`,
+    which Triton's message has no field for, are left to the HTTP door)."""
+    response = service_pb2.ModelStatisticsResponse()
+    return json_format.ParseDict({"model_stats": stats}, response, ignore_unknown_fields=True)
 
 
 def repository_index(rows: list[dict[str, str]], ready_only: bool) -> service_pb2.RepositoryIndexResponse:

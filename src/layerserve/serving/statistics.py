@@ -33,6 +33,29 @@ class BatchDurations:
     compute_output: Duration = field(default_factory=Duration)
 
 
+@dataclass
+class StepStatistics:
+    """A pipeline's counters of one step: its requests to the step's model, and the version that answered last."""
+
+    model: str
+    output: str
+    version: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+
+    def record(self, is_success: bool, seconds: float, version: int) -> None:
+        """One step of a request, answered (or failed) by `version` after `seconds`."""
+        (self.success if is_success else self.fail).add(seconds)
+        self.version = version
+
+    def to_dict(self, number: int) -> dict[str, Any]:
+        """One entry of a pipeline's `steps`."""
+        return {
+            "step": number, "model": self.model, "version": str(self.version), "output": self.output,
+            "success": self.success.to_dict(), "fail": self.fail.to_dict(),
+        }  # fmt: skip
+
+
 _REQUEST_STATS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
                   "cache_miss")  # fmt: skip
 
@@ -59,6 +82,7 @@ class VersionStatistics:
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
     batches: dict[int, BatchDurations] = field(default_factory=dict)
+    steps: list[StepStatistics] = field(default_factory=list)  # a pipeline's, one per step
 
     def record_request(self, is_success: bool, seconds: float) -> None:
         """One request answered (or failed) after `seconds`."""
@@ -94,4 +118,5 @@ class VersionStatistics:
                 }
                 for size, batch in sorted(self.batches.items())
             ],
+            **({"steps": [step.to_dict(number) for number, step in enumerate(self.steps, 1)]} if self.steps else {}),
         }

@@ -29,6 +29,7 @@ from layerserve.serving.cuts import CutCache
 from layerserve.serving.input_codec import InputCodec
 from layerserve.serving.layers import LayerGraph
 from layerserve.serving.loading import load_version
+from layerserve.serving.pipeline import Pipeline, StepSource
 from layerserve.serving.read_through import read_through
 from layerserve.serving.request_checks import RequestChecks
 from layerserve.serving.routing import VersionRouter
@@ -83,6 +84,7 @@ class ModelVersion:
     _router: VersionRouter | None = None
     _thread: ThreadPoolExecutor | None = None
     _batchers: BatcherTable | None = None
+    _pipeline: Pipeline | None = None
     _in_flight: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     last_used: float = 0.0  # time.monotonic() when a request last held it, or it loaded (least recently used first)
@@ -123,11 +125,36 @@ class ModelVersion:
         set_model_state(self.name, self.version, VersionState.LOADING)
         try:
             self._load(settings, exporter, preparer, processes)
-        except LayerserveError as error:
-            self._fail(error.message)
         except Exception as error:  # fail-soft boundary: one bad version never stops the others.
+            self._settle(started, error)
+        else:
+            self._settle(started, None)
+
+    async def connect_pipeline(self, source: StepSource, timeout_ms: int) -> None:
+        """Load a pipeline's version: find and check its steps (see Pipeline.connect); on any failure the version
+        is FAILED with the reason, which names the step."""
+        started = time.perf_counter()
+        set_model_state(self.name, self.version, VersionState.LOADING)
+        try:
+            pipeline = await Pipeline.connect(self.name, self.config, self.path, source, timeout_ms)
+        except Exception as error:  # fail-soft boundary, as `load`
+            self._settle(started, error)
+            return
+        self.signature, self.graph, self.codec, self.checks = (
+            pipeline.signature, pipeline.graph, pipeline.codec, pipeline.checks
+        )  # fmt: skip
+        self.engine_reason, self._model_digest, self._pipeline = pipeline.describe(), pipeline.digest, pipeline
+        self._plan = BatchingPlan(max_batch_size=pipeline.max_batch_size)  # its first step's
+        self.statistics.steps = pipeline.statistics
+        self._settle(started, None)
+
+    def _settle(self, started: float, error: Exception | None) -> None:
+        """The end of a load: READY, or FAILED with the reason (logged with its traceback when it is a bug)."""
+        if isinstance(error, LayerserveError):
+            self._fail(error.message)
+        elif error is not None:
             self.state, self.reason = VersionState.FAILED, f"unexpected error: {error}"
-            log.exception("model %s version %d FAILED", self.name, self.version)
+            log.error("model %s version %d FAILED", self.name, self.version, exc_info=error)
         else:
             self.state = VersionState.READY
             self.last_used = time.monotonic()
@@ -214,6 +241,13 @@ class ModelVersion:
         return self.codec.image if self.codec else None
 
     @property
+    def input_kind(self) -> str:
+        """What `/classify` and `/features` take: `image`, `text` or `tensor` (a pipeline's first step's)."""
+        if self.codec is None:
+            return self.config.input
+        return "image" if self.codec.image else "text" if self.codec.tokenizer else "tensor"
+
+    @property
     def tokenizer(self) -> Tokenizer | None:
         """The tokenizer (text models)."""
         return self.codec.tokenizer if self.codec else None
@@ -252,7 +286,9 @@ class ModelVersion:
 
     @property
     def engine_name(self) -> str:
-        """`onnx` or `keras` once loaded, else empty."""
+        """`onnx` or `keras` once loaded (`pipeline` for a pipeline), else empty."""
+        if self._pipeline is not None:
+            return "pipeline"
         return self.engine.name if self.engine else ""
 
     async def predict(
@@ -343,10 +379,14 @@ class ModelVersion:
             DeadlineExceededError: not answered within `timeout_ms` (default: the server's) (504).
             BadRequestError: a cut whose outputs need a tensor the request does not give.
         """
-        if self._batchers is None:
+        pipeline = self._pipeline
+        if self._batchers is None and pipeline is None:
             raise NotReadyError(f"model '{self.name}' version {self.version} is not ready")
         self.hold()
         try:
+            if pipeline is not None:
+                return await pipeline.run(inputs, outputs, timeout_ms)
+            assert self._batchers is not None
             return await self._batchers.submit(inputs, outputs, timeout_ms)
         finally:
             self.release()
@@ -378,6 +418,7 @@ class ModelVersion:
     def close(self) -> None:
         """Drop the cuts, stop the model thread (after the calls already queued on it) and free the engine
         here, not wherever the last reference happens to go (the event loop, or a garbage collection)."""
+        self._pipeline = None
         if self.cuts is not None:
             self.cuts.close()
         if self._thread is not None:
