@@ -8,16 +8,15 @@ the typed requests and answers of messages.py.
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
+
 from layerserve.errors import BadRequestError
-from layerserve.features.explain import METHODS, Explanation, occlusion, score_cam, spatial_layer
+from layerserve.features.explain import METHODS, occlusion, score_cam, spatial_layer
 from layerserve.features.feature_store import FeatureStore, StoredFeature, check_ids
 from layerserve.features.images import ImageDecoder, preprocess
 from layerserve.features.labels import classification_strings, top_k
@@ -205,7 +204,7 @@ class VersionView:
 
     async def explain(self, request: ExplainRequest) -> ExplainResponse:
         """Where in one image the model saw the evidence for a class (see layerserve.features.explain), computed by
-        the version's engine and kept per image digest with the version.
+        the version's engine and kept in the feature cache by the image's digest and what was asked.
 
         Raises:
             UnsupportedMediaTypeError: the model does not take images.
@@ -222,30 +221,28 @@ class VersionView:
         layer = None
         if request.method == "score-cam":
             layer = spatial_layer(served.graph, request.layer, (spec.height, spec.width))
-        key = (hashlib.sha256(request.image).hexdigest(), target, layer, request.channels)
         pixels = await self._decoder.decode_seen(request.image, spec)
-        explanations = self.parse_state(Explanations)
-        found = explanations.get(key)
-        if found is None:
 
-            def to_input(images: Array) -> Array:
-                return preprocess(images, spec).astype(spec.dtype, copy=False)
+        def to_input(images: Array) -> Array:
+            return preprocess(images, spec).astype(spec.dtype, copy=False)
 
-            async def predict(batch: Array, outputs: tuple[str, ...]) -> dict[str, Array]:
-                return await served.predict({spec.input_name: batch}, outputs, use_cache=False)
+        async def predict(batch: Array, outputs: tuple[str, ...]) -> dict[str, Array]:
+            return await served.predict({spec.input_name: batch}, outputs, use_cache=False)
 
+        async def compute() -> list[Array]:
             output, batch = served.classify_output, served.max_batch_size
             if layer is None:
                 found = await occlusion(predict, pixels, to_input, output, target, _OCCLUSION_GRID, batch)
             else:
                 found = await score_cam(predict, pixels, to_input, layer, output, target, request.channels, batch)
-            explanations.put(key, found)
-        labels = served.labels
-        label = labels[found.class_index] if labels and found.class_index < len(labels) else str(found.class_index)
-        return ExplainResponse(
-            served.name, served.version, found.heatmap, found.class_index, label, found.score, found.method,
-            found.layer, pixels,
-        )  # fmt: skip
+            return [found.heatmap.astype(np.float32), np.array([found.class_index, found.score], np.float64)]
+
+        what = f"explain\0{request.method}\0{layer}\0{request.channels}\0{target}"
+        heatmap, (found_index, score) = await served.derived(request.image, what, 2, compute)
+        index, labels = int(found_index), served.labels
+        label = labels[index] if labels and index < len(labels) else str(index)
+        method = "score-cam" if layer else "occlusion"
+        return ExplainResponse(served.name, served.version, heatmap, index, label, float(score), method, layer, pixels)
 
     def _target_index(self, target: str | None) -> int | None:
         """The class a request names (a label of the model's, or an index), None for its top one."""
@@ -292,30 +289,6 @@ class VersionView:
             raise BadRequestError("give encoded images (bytes) or texts (str), not a mix")
         served.require_image()
         return await served.image_output(images, output, self._decoder, use_cache, pool)
-
-
-class Explanations:
-    """A version's latest explanations (a parse state: gone with the version), by image digest and what was asked."""
-
-    def __init__(self, size: int = 256) -> None:
-        self._size = size
-        self._found: OrderedDict[tuple[object, ...], Explanation] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[object, ...]) -> Explanation | None:
-        """The explanation kept under `key` (now the most recently used), if any."""
-        with self._lock:
-            found = self._found.get(key)
-            if found is not None:
-                self._found.move_to_end(key)
-            return found
-
-    def put(self, key: tuple[object, ...], explanation: Explanation) -> None:
-        """Keep an explanation, forgetting the least recently used past the size."""
-        with self._lock:
-            self._found[key] = explanation
-            while len(self._found) > self._size:
-                self._found.popitem(last=False)
 
 
 class DataPlane:

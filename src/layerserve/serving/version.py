@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -367,6 +368,22 @@ class ModelVersion:
         keys = cache.encoded_keys(self.name, self.version, salt, output, payloads)
         rows = await read_through(cache, keys, 1, compute_missing, self.statistics, self.name)
         return np.stack([row[0] for row in rows])
+
+    async def derived(
+        self, payload: bytes, what: str, width: int, compute: Callable[[], Awaitable[list[Array]]]
+    ) -> list[Array]:
+        """`width` arrays derived from one encoded input by `compute` (`what` names the derivation and its
+        parameters), kept in the feature cache (Redis when configured) by the payload's digest and the version's
+        files, so that another worker or a later request reuses them."""
+        if self.cache is None:
+            return await compute()
+
+        async def compute_missing(misses: list[int]) -> list[list[Array]]:
+            return [await compute()]
+
+        salt = f"{self._model_digest}:{self._codec().config_digest}"
+        keys = self.cache.encoded_keys(self.name, self.version, salt, what, [payload])
+        return (await read_through(self.cache, keys, width, compute_missing, self.statistics, self.name))[0]
 
     async def _compute(
         self, inputs: dict[str, Array], outputs: tuple[str, ...], timeout_ms: int | None

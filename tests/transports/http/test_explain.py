@@ -20,6 +20,7 @@ from layerserve.settings import Settings
 from tests.demo.test_demo import package_file
 from tests.live_server import LiveServer, start_server
 from tests.models import build_mlp, build_tiny_image, save_model
+from tests.redis_server import RedisServer
 from tests.training.test_jobs import wait_for
 
 CANVAS, CAT_AT, CAT_SIZE = 448, (128, 192), (288, 192)  # the cat's box on the canvas: left, top; width, height
@@ -141,3 +142,31 @@ def test_occlusion_and_bad_explain_requests(explain_server: tuple[LiveServer, Pa
         response = explain(live, model, image, query)
         assert response.status_code == status and message in response.json()["error"], (query, response.text)
     assert httpx.get(f"{live.url}/v2/health/ready").status_code == 200
+
+
+def test_explanations_are_kept_in_the_feature_cache_that_every_server_of_a_redis_shares(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    save_model(build_tiny_image(), repo / "tiny" / "1", "model.keras")
+    (repo / "tiny" / "config.yaml").write_text("input: image\nresize: squash\n")
+    redis = RedisServer()
+    redis.start()
+    servers = []
+    try:
+        settings = Settings(model_repository=repo, engine_cache_dir=tmp_path / "cache", redis_url=redis.url)
+        servers = [start_server(settings), start_server(settings)]
+        image = png(Image.new("RGB", (8, 8), (30, 200, 60)))
+
+        def cache_hits(live: LiveServer) -> int:
+            stats = httpx.get(f"{live.url}/v2/models/tiny/stats").json()["model_stats"][0]
+            return int(stats["inference_stats"]["cache_hit"]["count"])
+
+        first = explain(servers[0], "tiny", image, "?class=1")
+        assert first.status_code == 200 and cache_hits(servers[0]) == 0, first.text
+        again = explain(servers[1], "tiny", image, "?class=1")  # another server (a worker, a replica): computed once
+        assert again.json() == first.json() and cache_hits(servers[1]) == 1
+        other = explain(servers[1], "tiny", image, "?class=1&channels=2")  # asked otherwise: computed
+        assert other.status_code == 200 and cache_hits(servers[1]) == 1
+    finally:
+        for live in servers:
+            live.stop()
+        redis.kill()
