@@ -237,7 +237,8 @@ class VersionView:
                 found = await score_cam(predict, pixels, to_input, layer, output, target, request.channels, batch)
             return [found.heatmap.astype(np.float32), np.array([found.class_index, found.score], np.float64)]
 
-        what = f"explain\0{request.method}\0{layer}\0{request.channels}\0{target}"
+        asked = f"score-cam\0{layer}\0{request.channels}" if layer else "occlusion"  # the method that runs
+        what = f"explain\0{asked}\0{'' if target is None else target}"
         heatmap, (found_index, score) = await served.derived(request.image, what, 2, compute)
         index, labels = int(found_index), served.labels
         label = labels[index] if labels and index < len(labels) else str(index)

@@ -43,6 +43,10 @@ class NotReadyError(LayerserveError):
     status_code = 503
 
 
+class BudgetFullError(NotReadyError):
+    """No room can be made for a load now: every loaded version is in use or kept loaded (503, with Retry-After)."""
+
+
 class ModelLoadError(LayerserveError):
     """A version could not be loaded; the message is its FAILED reason."""
 

@@ -443,7 +443,7 @@ class VersionPolicy(BaseModel):
 # A pipeline reads its requests as its first step's model does and batches in each step's model: none of its own.
 _STEP_KEYS = (
     "engine", "input", "resize", "interpolation", "preprocess", "scale", "offset", "warmup_batch_size",
-    "max_batch_size", "max_delay_ms",
+    "max_batch_size", "max_delay_ms", "cache",
 )  # fmt: skip
 
 
@@ -461,6 +461,13 @@ class PipelineStep(BaseModel):
         "input); the first step takes the pipeline's inputs and names none.",
     )
     output: str | None = Field(None, description="The output or layer handed on (default: the model's only output).")
+
+    @field_validator("model", mode="after")
+    @classmethod
+    def _check_model(cls, model: str) -> str:
+        if not model or model.startswith(".") or any(c in model for c in "/\\\0"):
+            raise ValueError(f"invalid model name {model!r}: expected a folder name of the repository")
+        return model
 
 
 class ModelConfig(BaseModel):

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import io
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from PIL import Image
 from layerserve.errors import ConfigError
 from layerserve.serving.pipeline import find_circle, pipeline_depth
 from layerserve.settings import ModelConfig, Settings, read_model_config
-from tests.live_server import LiveServer, start_server, wait_until
+from tests.live_server import LiveServer, metric_sample, start_server, wait_until
 from tests.models import build_tiny_image, save_model
 from tests.otlp_receiver import OtlpReceiver
 
@@ -130,6 +131,10 @@ def test_a_pipeline_answers_as_its_steps_computed_with_keras(live: LiveServer, r
             "outputs": [{"name": "hidden"}]}  # fmt: skip
     refused = httpx.post(f"{live.url}/v2/models/pets/infer", json=body)  # a pipeline has no layers of its own
     assert refused.status_code == 400 and "each step's model answers its own layers" in refused.json()["error"]
+    pooled = {"inputs": [{"name": "scores", "shape": [1, 2], "datatype": "FP32", "data": [0.5, 0.5]}]}
+    refused = httpx.post(f"{live.url}/v2/models/pets/infer", json=pooled)  # nor does it start at one
+    assert refused.status_code == 400, refused.text
+    assert "pipeline 'pets' takes its inputs image, got scores" in refused.json()["error"]
 
 
 def test_classify_ranks_the_last_steps_labels_on_images_decoded_as_the_first_step_does(
@@ -179,6 +184,10 @@ def test_each_step_batches_as_its_model_and_statistics_show_each_step(live: Live
             ]
             return await asyncio.gather(*(client.post(f"{live.url}/v2/models/pets/infer", json=b) for b in body))
 
+    def counted(model: str) -> float:
+        return metric_sample(live.url, "layerserve_requests_total", model=model, route="v2.infer", status="200")
+
+    counted_before = {model: counted(model) for model in ("pets", "base", "head")}
     answers = asyncio.run(send_all())
     np.testing.assert_allclose(np.concatenate([scores(a) for a in answers]), reference(repo, x), atol=1e-5)
     after = {model: stats(model) for model in ("pets", "base", "head")}
@@ -193,6 +202,10 @@ def test_each_step_batches_as_its_model_and_statistics_show_each_step(live: Live
     for step, earlier in zip(steps, before["pets"]["steps"], strict=True):
         assert step["success"]["count"] - earlier["success"]["count"] == CONCURRENT and step["success"]["ns"] > 0
     assert successes(after["pets"]) - successes(before["pets"]) == CONCURRENT
+    # The requests are the pipeline's: its steps' models count none in the request counters (their statistics above).
+    assert {model: counted(model) - counted_before[model] for model in counted_before} == {
+        "pets": CONCURRENT, "base": 0, "head": 0
+    }  # fmt: skip
     with grpcclient.InferenceServerClient(live.grpc_target) as client:  # Triton's message has no steps: left out
         assert client.get_inference_statistics("pets").model_stats[0].name == "pets"
 
@@ -252,6 +265,35 @@ def test_a_pipeline_follows_a_new_version_of_a_step(live: LiveServer, repo: Path
     assert httpx.get(f"{live.url}/v2/models/pets_swapped").json()["state"] == "READY"
 
 
+def test_a_step_loaded_between_polls_is_followed_at_once(repo: Path, engine_cache: Path, tmp_path: Path) -> None:
+    own = tmp_path / "repo"
+    for name in ("base", "head"):
+        shutil.copytree(repo / name, own / name)
+    write_pipeline(own, "pets", "  - {model: base, output: pool}\n  - {model: head}\n")
+    (own / "head" / "config.yaml").write_text("labels: labels.txt\nversion_policy: all\n")  # version 1 stays
+    server = start_server(Settings(model_repository=own, engine_cache_dir=engine_cache, reload_interval_s=0))
+    try:
+        image = png(images(1, seed=6)[0].round())
+
+        def labels() -> list[str]:
+            answer = httpx.post(
+                f"{server.url}/v2/models/pets/classify?top_k=2", content=image, headers={"Content-Type": "image/png"}
+            )
+            assert answer.status_code == 200, answer.text
+            return sorted(item["label"] for item in answer.json()["predictions"][0])
+
+        assert labels() == ["cat", "dog"]
+        save_model(build_head(3), own / "head" / "2", "model.keras")
+        (own / "head" / "2" / "labels.txt").write_text("fox\nowl\n")  # a version's own labels win
+        loaded = httpx.post(f"{server.url}/v2/repository/models/head/load", timeout=120)
+        assert loaded.status_code == 200, loaded.text
+        assert labels() == ["fox", "owl"]  # no poll: the load connected the pipeline again
+        x = images(2, seed=7)
+        np.testing.assert_allclose(scores(infer(server.url, "pets", x)), reference(own, x, "head", 2), atol=1e-5)
+    finally:
+        server.stop()
+
+
 def test_steps_load_on_demand_under_a_memory_budget(repo: Path, engine_cache: Path) -> None:
     settings = Settings(
         model_repository=repo, engine_cache_dir=engine_cache, reload_interval_s=0, model_memory_budget="2GB",
@@ -296,6 +338,8 @@ def test_the_command_line_lists_pipelines_and_exports_their_steps_only(repo: Pat
          "a pipeline takes input, max_delay_ms from its first step's model"),
         ("pipeline: []\n", "at least one step"),
         ("pipeline:\n  - {model: a, outputs: y}\n", "key 'pipeline.0.outputs': unknown key"),
+        ("pipeline:\n  - {model: ../a}\n", "invalid model name '../a'"),
+        ("pipeline:\n  - {model: a}\ncache: true\n", "a pipeline takes cache from its first step's model"),
     ],
 )  # fmt: skip
 def test_the_config_checks_a_pipeline(tmp_path: Path, text: str, message: str) -> None:
@@ -316,3 +360,5 @@ def test_circles_and_load_order() -> None:
     assert find_circle("x", pipeline("c").pipeline or [], configs.get) == ""
     assert [pipeline_depth(m, configs.get) for m in ("c", "x")] == [0, 0]
     assert pipeline_depth("e", configs.get) > pipeline_depth("b", configs.get) > 0
+    shared = {"a": pipeline("b", "c"), "c": pipeline("b"), "b": pipeline("leaf"), "leaf": ModelConfig()}
+    assert [pipeline_depth(m, shared.get) for m in ("leaf", "b", "c", "a")] == [0, 1, 2, 3]

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerserve.errors import LayerserveError, NotReadyError
+from layerserve.errors import BudgetFullError, LayerserveError
 from layerserve.lifecycle.model import find_model_file
 from layerserve.serving.version import ModelVersion, VersionState
 
@@ -37,10 +37,6 @@ def first_load_estimate(version_folder: Path, process_min_bytes: int, factors: d
     size = model_file_bytes(version_folder)
     kind = "engine process" if size >= process_min_bytes else "here"
     return int(size * (factors or _START_FACTORS)[kind]) + _FIXED_BYTES
-
-
-class BudgetFullError(NotReadyError):
-    """No room can be made for a load now: every loaded version is in use or kept loaded (503, with Retry-After)."""
 
 
 def megabytes(count: int) -> str:
@@ -146,3 +142,6 @@ class MemoryBudget:
                 "retry shortly, or raise model_memory_budget"
             )
         return victims
+
+
+__all__ = ["BudgetFullError", "MemoryBudget", "Resident", "first_load_estimate", "megabytes", "model_file_bytes"]

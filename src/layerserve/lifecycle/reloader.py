@@ -129,6 +129,7 @@ class Reloader:
                     await self._sync(name, wait_for_copies=True, scanned=found)
             for name in set(self._registry.models) - set(present):
                 self._retire_all(self._registry.models.pop(name))
+                await self._connect_pipelines_again(name)
 
     async def load_model(self, name: str, config: Mapping[str, Any] | None = None) -> ModelEntry:
         """(Re)load a model from the repository now, including one unloaded before.
@@ -290,15 +291,30 @@ class Reloader:
         found = self._registry.find(model, version)
         if found.is_listed:
             found = await self._load(self._registry.entry(model), found.version, found.path, found.fingerprint)
-        return self._registry.check_ready(found)
+        return self._registry.require_ready(found)
 
     async def hold(self, model: str, version: int | None) -> ModelVersion:
         """The READY version a pipeline's step names, held for one request (loaded on demand when listed)."""
         found = self._registry.find(model, version)
         if found.is_listed and self.budget is not None:
             return await self.load_on_demand(model, found.version)
-        self._registry.check_ready(found).hold()
+        self._registry.require_ready(found).hold()
         return found
+
+    async def _connect_pipelines_again(self, changed: str) -> None:
+        """Connect again, now, the pipelines (loaded or failed) that name `changed` as a step, whose versions just
+        changed: a step swapped by apply, a load or a training job between polls (or with polling off) is followed
+        at once, and a step that no longer fits fails the pipeline with the reason."""
+        for entry in list(self._registry.models.values()):
+            steps = entry.spec.config.pipeline
+            if entry.spec.error or not steps or all(step.model != changed for step in steps):
+                continue
+            for number, version in list(entry.versions.items()):
+                if version.is_ready or version.state is VersionState.FAILED:
+                    try:
+                        await self._load(entry, number, version.path, self._stamp(version.path, entry.spec.config))
+                    except BudgetFullError as error:
+                        log.warning("pipeline %s: not connected again now: %s", entry.spec.name, error.message)
 
     def _in_load_order(self, scanned: dict[str, Scanned]) -> list[tuple[str, Scanned]]:
         """The scanned models, pipelines after the models their steps name (which they check as they load)."""
@@ -371,9 +387,11 @@ class Reloader:
             number in entry.versions and (entry.versions[number].is_ready or entry.versions[number].is_listed)
             for number in spec.versions
         )
-        for number in set(entry.versions) - set(spec.versions):
-            if number not in spec.present or is_complete:
-                self._remove(entry, number)
+        removed = [n for n in set(entry.versions) - set(spec.versions) if n not in spec.present or is_complete]
+        for number in removed:
+            self._remove(entry, number)
+        if removed:
+            await self._connect_pipelines_again(name)
         return entry
 
     async def _load(
@@ -404,6 +422,8 @@ class Reloader:
                 entry.versions[number] = new
                 if old is not None:
                     self._retire(old)
+            if new.is_ready and (current is None or current.is_ready):  # new files (not a listed one's load)
+                await self._connect_pipelines_again(name)
             return new
         current.fingerprint = new.fingerprint  # do not retry the same files on every poll
         current.reason = f"reload failed, the previous files still serve: {new.reason}"

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from layerserve.errors import (
     BadRequestError,
+    BudgetFullError,
     DeadlineExceededError,
     LayerserveError,
     ModelLoadError,
@@ -91,17 +92,20 @@ class Link:
 
 
 def pipeline_depth(model: str, config_of: Callable[[str], ModelConfig | None]) -> int:
-    """0 for a model that is no pipeline, else 1 + its deepest step's (models load in this order: steps first)."""
-    seen: set[str] = set()
+    """0 for a model that is no pipeline, else 1 + its deepest step's (models load in this order: steps first); a
+    circle counts as no deeper (its pipelines fail to load, naming it)."""
+    depths: dict[str, int] = {}
 
-    def depth(name: str) -> int:
+    def depth(name: str, trail: frozenset[str]) -> int:
+        if name in depths:
+            return depths[name]
         config = config_of(name)
-        if config is None or config.pipeline is None or name in seen:
+        if config is None or config.pipeline is None or name in trail:
             return 0
-        seen.add(name)
-        return 1 + max(depth(step.model) for step in config.pipeline)
+        depths[name] = 1 + max(depth(step.model, trail | {name}) for step in config.pipeline)
+        return depths[name]
 
-    return depth(model)
+    return depth(model, frozenset())
 
 
 def find_circle(model: str, steps: list[PipelineStep], config_of: Callable[[str], ModelConfig | None]) -> str:
@@ -136,6 +140,12 @@ def _meets(given: TensorSpec, taken: TensorSpec) -> bool:
     if given.datatype != taken.datatype or len(given.shape) != len(taken.shape):
         return False
     return all(a == b or -1 in (a, b) for a, b in zip(given.shape, taken.shape, strict=True))
+
+
+def _reads(first: StepVersion, labels: list[str] | None) -> tuple[object, ...]:
+    """What a pipeline took from its first step's model (how it reads requests) and from its last one's (`labels`,
+    None where it has its own or none)."""
+    return first.codec.config_digest if first.codec else "", first.codec.tokenizer if first.codec else None, labels
 
 
 def _describe(spec: TensorSpec) -> str:
@@ -191,6 +201,7 @@ class Pipeline:
     source: StepSource
     timeout_ms: int
     checked: dict[int, tuple[object, ...]]  # step number -> (version, files) of the step version last checked
+    reads: tuple[object, ...]  # what the first step's model reads requests with, and the last one's labels
 
     @classmethod
     async def connect(
@@ -212,6 +223,8 @@ class Pipeline:
                 raise ModelLoadError(f"step {number}: the repository has no model '{step.model}'")
             try:
                 version = await source.step_for_load(step.model, step.version)
+            except BudgetFullError as error:  # no room now: the pipeline stays listed, and a later request tries again
+                raise BudgetFullError(f"step {number} (model '{step.model}'): {error.message}") from None
             except LayerserveError as error:
                 raise ModelLoadError(f"step {number} (model '{step.model}'): {error.message}") from None
             links.append(_link(number, step, version, links[-1] if links else None))
@@ -222,12 +235,11 @@ class Pipeline:
         graph = LayerGraph(signature)
         graph.unavailable_reason = NO_LAYERS
         step_codec = first.codec
+        labels, last_labels = None, None
         if config.labels:
             labels = load_labels(folder.parent, config.labels)
         elif last.codec is not None and last.codec.classify_output == output.name:
-            labels = last.codec.labels
-        else:
-            labels = None
+            labels = last_labels = last.codec.labels
         described = config.model_dump_json() + "".join(f"|{v.name}:{v.version}" for v in versions)
         digest = hashlib.sha256(described.encode()).hexdigest()[:16]
         codec = InputCodec(
@@ -241,7 +253,7 @@ class Pipeline:
         }
         return cls(
             name, tuple(links), signature, graph, codec, checks, statistics, first.max_batch_size, digest, source,
-            timeout_ms, checked,
+            timeout_ms, checked, _reads(first, last_labels),
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -259,6 +271,12 @@ class Pipeline:
         wanted = self.signature.outputs[0].name
         if any(name != wanted for name in outputs):
             raise BadRequestError(f"pipeline '{self.name}' answers its output '{wanted}' only")
+        expected = [spec.name for spec in self.signature.inputs]
+        if sorted(inputs) != sorted(expected):
+            raise BadRequestError(
+                f"pipeline '{self.name}' takes its inputs {', '.join(expected)}, got {', '.join(sorted(inputs))}: a "
+                "pipeline cannot start at a layer"
+            )
         budget_ms = timeout_ms if timeout_ms is not None else self.timeout_ms
         deadline = time.monotonic() + budget_ms / 1000
         current: dict[str, Array] = inputs
@@ -295,6 +313,19 @@ class Pipeline:
                 version.release()
                 counted.record(is_success, time.perf_counter() - started, version.version)
 
+    def _reads_changed(self, number: int, version: StepVersion) -> bool:
+        codec = version.codec
+        if number == 1 and (self.reads[0], self.reads[1]) != (
+            codec.config_digest if codec else "",
+            codec.tokenizer if codec else None,
+        ):
+            return True
+        return (
+            number == len(self.links)
+            and self.reads[2] is not None
+            and self.reads[2] != (codec.labels if codec else None)
+        )
+
     def _check(self, link: Link, version: StepVersion) -> None:
         """Check a step's version again when it is not the one last checked (its model was swapped meanwhile).
 
@@ -314,6 +345,8 @@ class Pipeline:
                 problem = f"its '{link.input}' is {_describe(taken)}, was {_describe(link.input_spec)}"
             if link.number == 1 and version.signature.inputs != self.signature.inputs:
                 problem = "its inputs are not the pipeline's any more"
+            elif link.number in (1, len(self.links)) and self._reads_changed(link.number, version):
+                problem = "it reads requests or names its classes otherwise than the pipeline was connected for"
         except (BadRequestError, NotFoundError) as error:
             problem = error.message
         if problem:

@@ -131,6 +131,15 @@ class ModelRegistry:
             NotReadyError: it is not loaded, loading or failed.
         """
         SERVED_BY.set((version.name, version.version))
+        return ModelRegistry.require_ready(version)
+
+    @staticmethod
+    def require_ready(version: ModelVersion) -> ModelVersion:
+        """The version if READY, recording nothing (a pipeline's step: the request is the pipeline's).
+
+        Raises:
+            NotReadyError: it is not loaded, loading or failed.
+        """
         if not version.is_ready:
             detail = f": {version.reason}" if version.reason else ""
             raise NotReadyError(f"model '{version.name}' version {version.version} is {version.state}{detail}")

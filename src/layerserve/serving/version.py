@@ -18,7 +18,7 @@ from layerserve.engines.base import Engine
 from layerserve.engines.onnx import start_runtime
 from layerserve.engines.process.pool import EngineProcessPool
 from layerserve.engines.process.usage import heap_bytes
-from layerserve.errors import LayerserveError, NotReadyError
+from layerserve.errors import BudgetFullError, LayerserveError, NotReadyError
 from layerserve.features.cache import FeatureCache
 from layerserve.features.images import ImageDecoder, ImageSpec
 from layerserve.features.pooling import pool_features
@@ -133,11 +133,19 @@ class ModelVersion:
 
     async def connect_pipeline(self, source: StepSource, timeout_ms: int) -> None:
         """Load a pipeline's version: find and check its steps (see Pipeline.connect); on any failure the version
-        is FAILED with the reason, which names the step."""
+        is FAILED with the reason, which names the step.
+
+        Raises:
+            BudgetFullError: a step's model had to load and found no room now (the version is listed, UNAVAILABLE).
+        """
         started = time.perf_counter()
         set_model_state(self.name, self.version, VersionState.LOADING)
         try:
             pipeline = await Pipeline.connect(self.name, self.config, self.path, source, timeout_ms)
+        except BudgetFullError as error:  # a step had no room now: listed again, a later request tries again
+            self.state, self.reason = VersionState.UNAVAILABLE, f"not loaded: {error.message}"
+            set_model_state(self.name, self.version, self.state)
+            raise
         except Exception as error:  # fail-soft boundary, as `load`
             self._settle(started, error)
             return
