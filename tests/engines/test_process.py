@@ -432,3 +432,34 @@ def test_big_model_files_are_hashed_in_an_engine_process(tmp_path: Path) -> None
     (folder / "variables").mkdir(parents=True)
     (folder / "saved_model.pb").write_bytes(b"graph")
     assert EngineProcessPool(0).digest(folder) == file_digest(folder)  # a SavedModel folder is hashed here
+
+
+def test_a_freed_sessions_share_of_the_arena_goes_back_with_the_next_batch(multi_graph: tuple[object, Path]) -> None:
+    model, graph = multi_graph
+    inputs = read_signature(model).inputs
+    pool = EngineProcessPool(0, max_processes=1)
+    big, small = ProcessOnnxEngine(pool, graph, inputs, 1, 1), ProcessOnnxEngine(pool, graph, inputs, 1, 1)
+    try:
+        pid = big.pid
+        assert pid is not None and small.pid == pid  # one process, one arena for both sessions
+        rng = np.random.default_rng(2)
+
+        def batch(rows: int) -> list[np.ndarray]:
+            return [rng.normal(size=(rows, 4)).astype(np.float32), rng.integers(0, 10, (rows, 3)).astype(np.int32)]
+
+        before = _resident_bytes(pid)
+        big.run(batch(1_000_000))  # its activations grow the shared arena by some 100 MB
+        grown = _resident_bytes(pid) - before
+        assert grown > 50_000_000, grown
+        big.close()
+        kept = _resident_bytes(pid) - before
+        assert kept > grown / 2, (grown, kept)  # freeing the session leaves the arena as it was
+        small_batch = batch(3)
+        expected = [np.asarray(value) for value in model(small_batch)]  # type: ignore[operator]
+        for got, want in zip(small.run(small_batch), expected, strict=True):  # the next batch shrinks it
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        wait_until(lambda: _resident_bytes(pid) - before < grown / 4, "the arena given back", 10)
+    finally:
+        big.close()
+        small.close()
+        pool.stop_idle()

@@ -50,6 +50,16 @@ class OnnxEngine:
         """Compute the outputs for one batch."""
         return list(self._session.run(None, dict(zip(self._input_names, inputs, strict=True))))
 
+    def run_and_shrink(self, inputs: list[Array]) -> list[Array]:
+        """`run`, then give the CPU arena's free chunks back to the system (ORT's run option
+        `memory.enable_memory_arena_shrinkage`): a session freed in a process whose arena it shares leaves its
+        activations' chunks there otherwise, for good."""
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        return list(self._session.run(None, dict(zip(self._input_names, inputs, strict=True)), options))
+
     def with_threads(self, threads: int) -> OnnxEngine:
         """The same graph in a new session with `threads` intra-op threads."""
         return OnnxEngine(self.path, self.inputs, threads)

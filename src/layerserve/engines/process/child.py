@@ -84,6 +84,7 @@ def _session(
             with _low_priority():
                 engine = None  # ORT's destructor: joins the session's threads, returns its memory
                 trim_heap()
+            _SHRINK_ARENA.set()
             channel.send("released")
         else:
             channel.send("error", f"unexpected {tag!r} message")
@@ -110,14 +111,26 @@ def _lane(channel: Channel, engine: OnnxEngine) -> None:
     channel.connection.close()
 
 
+# A session was freed: the next batch of any session gives the shared arena's free chunks back. The arena keeps what
+# the largest batch of every session it served took (~100 MB for EfficientNet-Lite0 at batch 8), which a memory
+# budget cannot unload (docs/many-models.md).
+_SHRINK_ARENA = threading.Event()
+
+
 def _run(channel: Channel, engine: OnnxEngine, inputs: list[Array]) -> None:
     """Run one batch and send its outputs, or ORT's message (it raises many kinds) for the request."""
+    shrink = _SHRINK_ARENA.is_set()
+    if shrink:
+        _SHRINK_ARENA.clear()
     try:
-        results = engine.run(inputs)
+        results = engine.run_and_shrink(inputs) if shrink else engine.run(inputs)
     except Exception as error:
         channel.send("error", _describe(error))
     else:
         channel.send_arrays(results)
+    if shrink:
+        with _low_priority():
+            trim_heap()  # what the arena gave back, out of this thread's malloc arena
 
 
 def _open(channel: Channel, path: str, inputs: tuple[TensorSpec, ...], threads: int, rows: int) -> OnnxEngine | None:
