@@ -142,10 +142,9 @@ def _meets(given: TensorSpec, taken: TensorSpec) -> bool:
     return all(a == b or -1 in (a, b) for a, b in zip(given.shape, taken.shape, strict=True))
 
 
-def _reads(first: StepVersion, labels: list[str] | None) -> tuple[object, ...]:
-    """What a pipeline took from its first step's model (how it reads requests) and from its last one's (`labels`,
-    None where it has its own or none)."""
-    return first.codec.config_digest if first.codec else "", first.codec.tokenizer if first.codec else None, labels
+def _reading(codec: InputCodec | None) -> tuple[object, ...]:
+    """How a step's model reads requests (its config's digest and its tokenizer): a pipeline reads as its first's."""
+    return (codec.config_digest, codec.tokenizer) if codec else ("", None)
 
 
 def _describe(spec: TensorSpec) -> str:
@@ -201,7 +200,8 @@ class Pipeline:
     source: StepSource
     timeout_ms: int
     checked: dict[int, tuple[object, ...]]  # step number -> (version, files) of the step version last checked
-    reads: tuple[object, ...]  # what the first step's model reads requests with, and the last one's labels
+    reading: tuple[object, ...]  # how the first step's model read requests when connected (_reading)
+    last_labels: list[str] | None  # the last step's labels, where the pipeline answers with them
 
     @classmethod
     async def connect(
@@ -253,7 +253,7 @@ class Pipeline:
         }
         return cls(
             name, tuple(links), signature, graph, codec, checks, statistics, first.max_batch_size, digest, source,
-            timeout_ms, checked, _reads(first, last_labels),
+            timeout_ms, checked, _reading(first.codec), last_labels,
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -313,19 +313,6 @@ class Pipeline:
                 version.release()
                 counted.record(is_success, time.perf_counter() - started, version.version)
 
-    def _reads_changed(self, number: int, version: StepVersion) -> bool:
-        codec = version.codec
-        if number == 1 and (self.reads[0], self.reads[1]) != (
-            codec.config_digest if codec else "",
-            codec.tokenizer if codec else None,
-        ):
-            return True
-        return (
-            number == len(self.links)
-            and self.reads[2] is not None
-            and self.reads[2] != (codec.labels if codec else None)
-        )
-
     def _check(self, link: Link, version: StepVersion) -> None:
         """Check a step's version again when it is not the one last checked (its model was swapped meanwhile).
 
@@ -345,13 +332,16 @@ class Pipeline:
                 problem = f"its '{link.input}' is {_describe(taken)}, was {_describe(link.input_spec)}"
             if link.number == 1 and version.signature.inputs != self.signature.inputs:
                 problem = "its inputs are not the pipeline's any more"
-            elif link.number in (1, len(self.links)) and self._reads_changed(link.number, version):
-                problem = "it reads requests or names its classes otherwise than the pipeline was connected for"
+            elif link.number == 1 and _reading(version.codec) != self.reading:
+                problem = "it reads requests otherwise than the pipeline was connected for"
+            labels = version.codec.labels if version.codec else None
+            if link.number == len(self.links) and self.last_labels is not None and labels != self.last_labels:
+                problem = "its labels are not those the pipeline was connected with"
         except (BadRequestError, NotFoundError) as error:
             problem = error.message
         if problem:
             raise NotReadyError(
                 f"pipeline '{self.name}' {link.title} version {version.version} no longer fits the pipeline: "
-                f"{problem}; the pipeline connects again when the repository is next polled"
+                f"{problem}; the pipeline connects again at the next poll"
             )
         self.checked[link.number] = identity
