@@ -237,12 +237,12 @@ class VersionView:
                 found = await score_cam(predict, pixels, to_input, layer, output, target, request.channels, batch)
             return [found.heatmap.astype(np.float32), np.array([found.class_index, found.score], np.float64)]
 
-        asked = f"score-cam\0{layer}\0{request.channels}" if layer else "occlusion"  # the method that runs
+        method = "score-cam" if layer else "occlusion"  # the method that runs
+        asked = f"{method}\0{layer}\0{request.channels}" if layer else method
         what = f"explain\0{asked}\0{'' if target is None else target}"
         heatmap, (found_index, score) = await served.derived(request.image, what, 2, compute)
         index, labels = int(found_index), served.labels
         label = labels[index] if labels and index < len(labels) else str(index)
-        method = "score-cam" if layer else "occlusion"
         return ExplainResponse(served.name, served.version, heatmap, index, label, float(score), method, layer, pixels)
 
     def _target_index(self, target: str | None) -> int | None:
