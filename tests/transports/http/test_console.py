@@ -59,6 +59,9 @@ def console_server(
     repo = tmp_path_factory.mktemp("console-repo")
     for model in demo_repository.iterdir():
         (repo / model.name).symlink_to(model, target_is_directory=True)
+    (repo / "imagenet_chain").mkdir()  # a pipeline of one step: no layers of its own
+    chain = "pipeline:\n  - {model: efficientnet_lite0, output: predictions}\n"
+    (repo / "imagenet_chain" / "config.yaml").write_text(chain)
     settings = Settings(
         model_repository=repo, engine_cache_dir=demo_engine_cache, admin_token=ADMIN,
         reload_interval_s=1,
@@ -190,6 +193,23 @@ def test_a_photo_shows_egyptian_cat_first_and_a_layer_with_its_heatmap(
     assert 'Where the model saw "Egyptian cat"' in said and "Score-CAM over head_relu, a 7×7 map" in said, said
     assert "/explain" in p.locator(".curl-line").last.inner_text()
     p.screenshot(path=screenshots / "try-explain.png", full_page=True)
+    page.expect_clean()
+
+
+def test_a_pipelines_try_page_classifies_and_explains_and_offers_no_layers(
+    console_server: LiveServer, page: Watched
+) -> None:
+    p = page.page
+    p.goto(f"{console_server.url}/console#/try/imagenet_chain")
+    p.set_input_files("#photo-input", package_file("skimage", "data/chelsea.png"))
+    first = p.locator("#top-k .bars .label").first
+    first.wait_for()
+    assert first.inner_text() == "Egyptian cat"
+    assert p.locator("#show-layer").count() == 0 and p.locator("#layer-select").count() == 0
+    p.click("#explain")
+    p.locator("#explanation").wait_for(timeout=60_000)
+    said = p.inner_text("#explanation")
+    assert 'Where the model saw "Egyptian cat"' in said and "occlusion" in said, said
     page.expect_clean()
 
 

@@ -183,10 +183,11 @@ function imagePanel(model, version, layerList, query) {
       h("section", { class: "panel", style: "flex: 0 0 360px" }, h("h2", { text: "Photo" }), drop,
         h("div", { style: "margin-top:12px" }, frame)),
       h("section", { class: "panel grow" }, top,
-        h("h2", { text: "A layer's output", style: "margin-top:18px" }),
-        h("div", { class: "controls" }, picker, h("button", { type: "button", id: "show-layer", text: "Show output",
-          onclick: showLayer }), h("button", { type: "button", id: "explain", text: "Explain the top class",
-          onclick: explain })), layerOut)),
+        // A pipeline has no layers of its own (its steps' models have): explanations only.
+        h("h2", { text: layerList.length ? "A layer's output" : "Why", style: "margin-top:18px" }),
+        h("div", { class: "controls" }, ...(layerList.length ? [picker, h("button", { type: "button",
+          id: "show-layer", text: "Show output", onclick: showLayer })] : []), h("button", { type: "button",
+          id: "explain", text: "Explain the top class", onclick: explain })), layerOut)),
     h("section", { class: "panel" }, h("h2", { text: "The same with curl" }), curls));
 }
 
@@ -229,9 +230,9 @@ function textPanel(model, layerList, query) {
       h("div", { class: "controls", style: "margin-top:8px" },
         h("button", { type: "button", id: "classify-texts", text: "Classify", onclick: classify }))),
     out,
-    h("section", { class: "panel" }, h("h2", { text: "A layer's output (the first text)" }),
+    layerList.length ? h("section", { class: "panel" }, h("h2", { text: "A layer's output (the first text)" }),
       h("div", { class: "controls" }, picker, h("button", { type: "button", text: "Show output", onclick: showLayer })),
-      layerOut),
+      layerOut) : null,
     h("section", { class: "panel" }, h("h2", { text: "The same with curl" }), curls));
 }
 
