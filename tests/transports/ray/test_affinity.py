@@ -112,6 +112,17 @@ def test_holders_come_first_then_the_owner_then_any_replica() -> None:
     assert rest == ([["replica 4"]] if owner("m", four) == "r4" else []) + [["replica 4"]]
 
 
+def test_a_patient_request_waits_for_its_holders_or_owner() -> None:
+    # Ray's router skips a replica slow to answer its probe: a patient request tries its holders and owner again
+    # rather than any replica, which would load the model a second time.
+    first = owner("m", list(REPLICAS))
+    other = next(r for r in REPLICAS if r != first)
+    assert ranks("m", REPLICAS, [], ["r1"], patient=True) == [[REPLICAS[first]]]
+    assert ranks("m", REPLICAS, [other], ["r1"], patient=True) == [[REPLICAS[other]], [REPLICAS[first]]]
+    assert ranks("m", REPLICAS, [], ["r1"], on_demand=False, patient=True) == [["replica 1"]]  # nothing to wait for
+    assert ranks("", REPLICAS, [], ["r1"], patient=True) == [["replica 1"]]
+
+
 def test_without_loads_on_demand_no_owner_is_tried() -> None:
     # No budget: a model no replica holds (unloaded, failed) is spread as before; one some hold goes to them.
     assert ranks("m", REPLICAS, [], ["r1"], on_demand=False) == [["replica 1"]]

@@ -163,10 +163,11 @@ def _rpc_answered_by(address: str, model: str) -> str:
     return replicas.pop()
 
 
-# Per replica, about 15 of the 24 wide models, and room to spare for 4 requests in flight and a load (a load not
-# measured before is expected to take 6 MB: its file twice, and 2 MB). Ray's own routing sends every model to both
-# replicas, which then hold 15 of 24 each; affinity 12 or so to each (as rendezvous hashing splits them).
-_BUDGET = 32_000_000
+# Per replica, room for about half the 24 wide models: their figures are 2-5 MB each on a replica (the heap's growth
+# while one loads, among requests), and a replica's memory grows by 20-45 MB past its base as it serves, which the
+# budget's watch counts as the models'. Ray's own routing sends every model to both replicas, which then load about
+# every other request's model; affinity sends 12 or so to each (as rendezvous hashing splits them), which hold most.
+_BUDGET = 50_000_000
 
 
 def _replica_pids() -> list[int]:

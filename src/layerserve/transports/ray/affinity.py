@@ -29,6 +29,10 @@ HELD = "held"  # routing stats: the models a replica holds or is loading
 HANDED = "handed"  # routing stats: the patterns of the models an ingress replica hands to a group
 ON_DEMAND = "on_demand"  # routing stats: whether the replica loads models on their first request (a memory budget)
 ROUTING_STATS_PERIOD_S = 1.0  # how often Ray Serve's controller asks each replica for its routing stats
+# How long a request waits for a replica that holds its model (or its owner) before any replica will do: Ray's router
+# skips a replica that does not answer its queue-length probe in 0.1 s (a busy replica on a loaded machine), and a
+# model sent elsewhere once is then held twice. Ray Serve's own multiplexing waits as long for its model's replicas.
+PATIENCE_S = 1.0
 _HOLDING = ("READY", "LOADING")
 
 Replica = TypeVar("Replica")
@@ -72,12 +76,18 @@ def _two(replicas: list[Replica]) -> list[Replica]:
 
 
 def ranks(
-    model: str, live: Mapping[str, Replica], holders: Iterable[str], spread: Iterable[str], on_demand: bool = True
+    model: str,
+    live: Mapping[str, Replica],
+    holders: Iterable[str],
+    spread: Iterable[str],
+    on_demand: bool = True,
+    patient: bool = False,
 ) -> list[list[Replica]]:
     """The replicas to try for a request, in turn, each rank until one takes it: for `model` ('' when the request
     names none), two of the `live` replicas (by id) that hold it, then its owner if it does not and the replicas load
     models `on_demand` (else nothing would load it there); last (and alone when every replica holds it, or no model
-    is named) two of `spread`, Ray Serve's choice of candidates."""
+    is named) two of `spread`, Ray Serve's choice of candidates, left out while the request is `patient` and has
+    holders or an owner to wait for."""
     fallback = _two([live[replica] for replica in spread if replica in live])
     if not model:
         return [fallback]
@@ -87,4 +97,4 @@ def ranks(
     tried = [_two([live[replica] for replica in held])] if held else []
     if on_demand and (first := owner(model, live)) not in held:
         tried.append([live[first]])
-    return [*tried, fallback]
+    return tried if patient and tried else [*tried, fallback]
