@@ -3,11 +3,9 @@ request that names a model goes to a replica that holds it (see affinity.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from fnmatch import fnmatchcase
 from typing import Any
-from weakref import WeakKeyDictionary
 
 from ray.serve.request_router import LocalityMixin, PendingRequest, RequestRouter, RunningReplica
 
@@ -18,14 +16,14 @@ class ModelAffinityRouter(LocalityMixin, RequestRouter):
     """Ranks the replicas for each request by the model it names (its multiplexed model id) and the models each
     replica holds (its routing stats); a request that names none, or a model handed to a group, is spread as Ray
     Serve's own router spreads it (replicas of the router's node first, if preferred; two at random). A request tries
-    only its model's holders and owner for its first PATIENCE_S (Ray's router asks again, with longer deadlines)."""
+    only its model's holders and owner for the first PATIENCE_S after it came (Ray's router asks again, with longer
+    deadlines)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._holders: dict[str, list[str]] = {}
         self._handed: tuple[str, ...] = ()
         self._on_demand = False
-        self._first_tried: WeakKeyDictionary[asyncio.Future[Any], float] = WeakKeyDictionary()  # by request
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Take the running replicas (Ray calls it when they or their routing stats change) and index who holds
@@ -51,8 +49,5 @@ class ModelAffinityRouter(LocalityMixin, RequestRouter):
         if model and any(fnmatchcase(model, pattern) for pattern in self._handed):
             model = ""  # the ingress replicas only hand it on: any of them will do
         live = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
-        patient = False
-        if model and pending_request is not None:
-            now = time.monotonic()
-            patient = now - self._first_tried.setdefault(pending_request.future, now) < PATIENCE_S
+        patient = pending_request is not None and time.time() - pending_request.created_at < PATIENCE_S
         return ranks(model, live, self._holders.get(model, ()), spread, self._on_demand, patient)
