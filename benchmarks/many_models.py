@@ -21,9 +21,10 @@ EfficientNet-Lite0-sized ones, each with weights of its own) is built once into 
    start and loads nothing): the time to readiness, then `--concurrency` closed loops for `--duration-s`, each
    request to a model drawn from Zipf(s) over popularity ranks dealt to the models at random. Each request is
    told warm or cold by a readiness check of its model just before it, on its connection (many_models_load.py).
-   The resident memory of the server and every process below it is sampled from /proc twice a second; the limit
-   it is held to is the base (from step 4's own server at readiness, before any request) plus the budget per
-   worker. Answers: 200 with outputs; 503 with Retry-After and an error naming `model_memory_budget` (over gRPC,
+   The memory of the server and every process below it is sampled from /proc twice a second, PSS summed (a
+   page that several of them share is counted once in all) and RSS summed (counted in each); the limit the PSS is
+   held to is the base (from step 4's own server at readiness, before any request) plus the budget per worker.
+   Answers: 200 with outputs; 503 with Retry-After and an error naming `model_memory_budget` (over gRPC,
    UNAVAILABLE naming it): the budget's documented refusal; anything else is a failure. Loads and evictions per
    second come from the server's counters over the run.
 """
@@ -200,7 +201,7 @@ def empty_base(options: Options, workers: int) -> dict[str, Any]:
     return {"workers": workers, "startup_s": startup_s, "rss_bytes": memory.rss_bytes, "pss_bytes": memory.pss_bytes}
 
 
-def first_session(options: Options, manifest: Manifest, empty_rss: int) -> dict[str, Any]:
+def first_session(options: Options, manifest: Manifest, empty_pss: int) -> dict[str, Any]:
     """One worker serving only the smallest model: what its first ONNX Runtime session costs beyond its graph and
     the runtime's set-up (once per process; the budget cannot count it once that version is gone)."""
     smallest = min(manifest.entries, key=lambda entry: entry.onnx_bytes)
@@ -209,7 +210,7 @@ def first_session(options: Options, manifest: Manifest, empty_rss: int) -> dict[
         server.wait_ready(120)
         memory = settled_memory(server)
         figure = metric_sum(server.metrics(), "layerserve_version_memory_bytes", 'part="total"')
-    engine = max(0, memory.rss_bytes - empty_rss - smallest.onnx_bytes)
+    engine = max(0, memory.pss_bytes - empty_pss - smallest.onnx_bytes)
     return {"model": smallest.name, "onnx_bytes": smallest.onnx_bytes, "rss_bytes": memory.rss_bytes,
             "figure_bytes": figure, "engine_bytes": engine}  # fmt: skip
 
@@ -324,10 +325,10 @@ def run_scenario(
     result.update({
         "protocol": protocol, "workers": workers, "budget_bytes": budget, "startup_s": startup_s,
         "base_rss_bytes": base.rss_bytes, "base_pss_bytes": base.pss_bytes, "base_by_role": base.by_role,
-        "limit_bytes": base.rss_bytes + workers * (budget + engine), "peak_rss_bytes": max(rss, default=0),
-        "over_budget_bytes": max(rss, default=0) - base.rss_bytes - workers * budget,
-        "peak_pss_bytes": max(pss, default=0), "last_rss_bytes": rss[-1] if rss else 0,
-        "peak_by_role": max(samples, key=lambda s: s.rss_bytes).by_role if samples else {},
+        "limit_bytes": base.pss_bytes + workers * (budget + engine), "peak_pss_bytes": max(pss, default=0),
+        "over_budget_bytes": max(pss, default=0) - base.pss_bytes - workers * budget,
+        "peak_rss_bytes": max(rss, default=0), "last_pss_bytes": pss[-1] if pss else 0,
+        "peak_by_role": max(samples, key=lambda s: s.pss_bytes).by_role if samples else {},
         "resident_figure_bytes": max((value for _, value in resident), default=0.0),
         "memory_timeline": [(s.t_s, s.rss_bytes, s.pss_bytes) for s in samples[:: max(1, len(samples) // 300)]],
         "server_alive": alive, "log": str(log),
@@ -378,7 +379,7 @@ def run_benchmark(options: Options) -> dict[str, Any]:
         manifest = ensure_repository(options)
     with _step("bases", timings):
         bases = [empty_base(options, workers) for workers in sorted({1, *options.workers})]
-        first = first_session(options, manifest, bases[0]["rss_bytes"])  # one worker's, as its own
+        first = first_session(options, manifest, bases[0]["pss_bytes"])  # one worker's, as its own
     with _step("without a budget", timings):
         full = hold_all(options, manifest)
     budget, figures_total = budget_for(options, manifest, full)
@@ -401,7 +402,7 @@ def run_benchmark(options: Options) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# Per worker, what its resident memory may reach past the limit: a load in flight (its graph read and its session
+# Per worker, what its memory may reach past the limit: a load in flight (its graph read and its session
 # built, a few times its ONNX size at once, which its figure counts only once it is loaded) and what the C
 # allocator keeps of the versions it freed.
 TOLERANCE_PER_WORKER_BYTES = 48 * MB
@@ -415,9 +416,9 @@ def problems(result: dict[str, Any]) -> list[str]:
         name = f"{run['protocol']}, {run['workers']} worker(s)"
         if run["failed"]:
             found.append(f"{name}: {run['failed']} failed requests, e.g. {run['failure_examples'][:2]}")
-        if run["peak_rss_bytes"] > run["limit_bytes"] + run["workers"] * TOLERANCE_PER_WORKER_BYTES:
-            over = (run["peak_rss_bytes"] - run["limit_bytes"]) / MB
-            found.append(f"{name}: resident memory peaked {over:.0f} MB over its limit")
+        if run["peak_pss_bytes"] > run["limit_bytes"] + run["workers"] * TOLERANCE_PER_WORKER_BYTES:
+            over = (run["peak_pss_bytes"] - run["limit_bytes"]) / MB
+            found.append(f"{name}: memory (PSS) peaked {over:.0f} MB over its limit")
         if not run["server_alive"]:
             found.append(f"{name}: the server exited during the run")
     return found
@@ -442,17 +443,18 @@ def render(result: dict[str, Any]) -> str:
     if repo["prepare_median_s"]:
         text += f" One small model's export (prepare_model) took {repo['prepare_median_s']:.2f} s (median)."
     header = ["door", "workers", "start-up s", "req/s", "requests", "503", "failed", "hit rate", "warm p50 ms",
-              "warm p99 ms", "cold p50 ms", "cold p99 ms", "loads/s", "evictions/s", "base RSS MB",
-              "peak RSS MB", "of it engine processes MB", "limit MB"]  # fmt: skip
+              "warm p99 ms", "cold p50 ms", "cold p99 ms", "loads/s", "evictions/s", "base PSS MB",
+              "peak PSS MB", "of it engine processes MB", "limit MB", "peak RSS MB"]  # fmt: skip
     rows = [
         [run["protocol"], run["workers"], run["startup_s"], run["req_s"], run["requests"], run["refused"],
          run["failed"], run["hit_rate"], _ms(run["warm_ms"][0]), _ms(run["warm_ms"][1]), _ms(run["cold_ms"][0]),
-         _ms(run["cold_ms"][1]), run["loads_per_s"], run["evictions_per_s"], run["base_rss_bytes"] / MB,
-         run["peak_rss_bytes"] / MB, run["peak_by_role"].get("engine process", 0) / MB, run["limit_bytes"] / MB]
+         _ms(run["cold_ms"][1]), run["loads_per_s"], run["evictions_per_s"], run["base_pss_bytes"] / MB,
+         run["peak_pss_bytes"] / MB, run["peak_by_role"].get("engine process", 0) / MB, run["limit_bytes"] / MB,
+         run["peak_rss_bytes"] / MB]
         for run in result["scenarios"]
     ]  # fmt: skip
     text += "\n\n" + table(header, rows)
-    bases = ", ".join(f"{b['workers']} worker(s) {b['rss_bytes'] / MB:,.0f} MB" for b in result["bases"])
+    bases = ", ".join(f"{b['workers']} worker(s) {b['pss_bytes'] / MB:,.0f} MB" for b in result["bases"])
     first = result["first_session"]
     text += (
         f"\n\nBase: the server's processes at readiness, before any request (an empty repository's: {bases}); "
@@ -460,7 +462,9 @@ def render(result: dict[str, Any]) -> str:
         f"and the runtime's set-up (which the base holds), "
         f"{first['engine_bytes'] / MB:,.0f} MB (one worker serving only the smallest model, {first['model']}, "
         f"whose own figure is {first['figure_bytes'] / MB:,.1f} MB); a run passes within "
-        f"{TOLERANCE_PER_WORKER_BYTES // MB} MB a worker over it. RSS sums every process of the server's."
+        f"{TOLERANCE_PER_WORKER_BYTES // MB} MB a worker over it. PSS sums every process of the server's, a page "
+        f"that several share counted once in all (the libraries that workers and engine processes map, the pages a "
+        f"worker shares with the supervisor it was forked from); RSS, summed, counts it in each."
     )
     if full["startup_s"] is None:
         held = (f"Without a budget, the server was not ready within {full['timeout_s']:,.0f} s: {full['ready']:,} "

@@ -205,7 +205,7 @@ def _memory_kb(pid: int) -> tuple[int, int]:
 
 @dataclass
 class MemorySample:
-    """The server's processes at one moment: RSS and PSS summed, in bytes, and by role (RSS)."""
+    """The server's processes at one moment: RSS and PSS summed, in bytes, and by role (PSS)."""
 
     t_s: float
     rss_bytes: int
@@ -221,7 +221,7 @@ def sample_memory(server: int, workers: bool, t_s: float) -> MemorySample:
         process_rss, process_pss = (kb * 1024 for kb in _memory_kb(pid))
         role = role_of(pid, server, workers)
         rss, pss = rss + process_rss, pss + process_pss
-        by_role[role] = by_role.get(role, 0) + process_rss
+        by_role[role] = by_role.get(role, 0) + process_pss
     return MemorySample(round(t_s, 2), rss, pss, by_role)
 
 

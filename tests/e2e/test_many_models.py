@@ -32,5 +32,5 @@ def test_80_models_under_a_budget(tmp_path: Path) -> None:
         assert run["loads"] > 0 and run["evictions"] > 0, where
         # The limit: the base, and per worker the budget and ONNX Runtime's first session (see many_models.py).
         tolerance = run["workers"] * TOLERANCE_PER_WORKER_BYTES
-        assert run["peak_rss_bytes"] <= run["limit_bytes"] + tolerance, (where, run["peak_by_role"])
+        assert run["peak_pss_bytes"] <= run["limit_bytes"] + tolerance, (where, run["peak_by_role"])
         assert run["server_alive"], where
