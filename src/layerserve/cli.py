@@ -54,6 +54,7 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from layerserve.engines.process.usage import limit_heap_arenas
     from layerserve.gpu import apply_settings
     from layerserve.transports.ports import check_can_listen
     from layerserve.transports.tls import check_tls
@@ -66,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
     check_can_listen(settings.host, settings.port, "--port")
     check_can_listen(settings.host, settings.grpc_port, "--grpc-port (0: no gRPC service)")
     check_tls(settings)
+    limit_heap_arenas()
     if settings.workers > 1:
         from layerserve.workers import Supervisor
 

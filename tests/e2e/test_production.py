@@ -26,6 +26,7 @@ from corpora import rotten_tomatoes
 from layerserve.gpu import MEMORY_LIMIT_VARIABLE, apply_settings, onnx_providers
 from layerserve.logs import JsonFormatter
 from layerserve.settings import Settings
+from soak_server import descendants
 from tests.live_server import LiveServer, free_port, server_log, start_server, start_server_process, wait_process_ready
 from tests.models import build_mlp, save_model
 
@@ -143,6 +144,10 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
             with httpx.Client() as client:
                 reason = client.get(f"{url}/v2/models/efficientnet_lite0").json()["engine_reason"]
                 assert "runs in engine process" in reason, reason
+        # The workers and their engine processes (and any helper process alive): glibc's heap held to 2 arenas.
+        below = {pid: environment for pid in descendants(process.pid) if (environment := _environment(pid))}
+        assert len(below) >= 4, below.keys()
+        assert {environment.get("MALLOC_ARENA_MAX") for environment in below.values()} == {"2"}
         httpx.post(f"{url}/v2/models/mlp/versions/1/apply").raise_for_status()  # answered by one worker
         time.sleep(1.5)  # one reload interval (0.5 s) and margin: the other worker has read the pin
         body = {"inputs": [{"name": "x", "shape": [1, 10], "datatype": "FP32", "data": [0.5] * 10}]}
@@ -165,6 +170,15 @@ def test_two_workers_load_slowly_share_the_port_and_follow_apply(demo_repository
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
+
+
+def _environment(pid: int) -> dict[str, str]:
+    """The environment a process was started with ({} once it is gone)."""
+    try:
+        pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return {}
+    return dict(pair.decode().split("=", 1) for pair in pairs if b"=" in pair)
 
 
 def _worker_pids(url: str) -> set[str]:
