@@ -112,15 +112,27 @@ def test_holders_come_first_then_the_owner_then_any_replica() -> None:
     assert rest == ([["replica 4"]] if owner("m", four) == "r4" else []) + [["replica 4"]]
 
 
-def test_a_patient_request_waits_for_its_holders_or_owner() -> None:
-    # Ray's router skips a replica slow to answer its probe: a patient request tries its holders and owner again
-    # rather than any replica, which would load the model a second time.
+def test_a_request_waits_a_while_for_its_holders_or_owner_unless_they_are_full() -> None:
+    # Ray's router skips a replica slow to answer its probe: a request tries its holders and owner again for a
+    # second rather than any replica, which would load the model a second time; full ones are passed over at once.
     first = owner("m", list(REPLICAS))
     other = next(r for r in REPLICAS if r != first)
-    assert ranks("m", REPLICAS, [], ["r1"], patient=True) == [[REPLICAS[first]]]
-    assert ranks("m", REPLICAS, [other], ["r1"], patient=True) == [[REPLICAS[other]], [REPLICAS[first]]]
-    assert ranks("m", REPLICAS, [], ["r1"], on_demand=False, patient=True) == [["replica 1"]]  # nothing to wait for
-    assert ranks("", REPLICAS, [], ["r1"], patient=True) == [["replica 1"]]
+    tried = ranks("m", REPLICAS, [other], ["r1"])
+
+    def free(replicas: list[str]) -> list[str]:  # none known to be full
+        return replicas
+
+    def owner_free(replicas: list[str]) -> list[str]:
+        return [replica for replica in replicas if replica == REPLICAS[first]]
+
+    patiently = affinity.patiently
+    assert patiently(tried, 0.2, free) == [[REPLICAS[other]], [REPLICAS[first]]]
+    assert patiently(tried, affinity.PATIENCE_S, free) == tried  # waited long enough: any replica
+    assert patiently(tried, 0.2, lambda replicas: []) == tried  # holders and owner full: any replica, at once
+    assert patiently(tried, 0.2, owner_free) == [[REPLICAS[other]], [REPLICAS[first]]]
+    alone = ranks("", REPLICAS, [], ["r1"])  # no model named (or every replica holds it): nothing to wait for
+    assert patiently(alone, 0.2, free) == alone
+    assert patiently(ranks("m", REPLICAS, [], ["r1"], on_demand=False), 0.2, free) == [["replica 1"]]
 
 
 def test_without_loads_on_demand_no_owner_is_tried() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -32,6 +32,7 @@ ROUTING_STATS_PERIOD_S = 1.0  # how often Ray Serve's controller asks each repli
 # How long a request waits for a replica that holds its model (or its owner) before any replica will do: Ray's router
 # skips a replica that does not answer its queue-length probe in 0.1 s (a busy replica on a loaded machine), and a
 # model sent elsewhere once is then held twice. Ray Serve's own multiplexing waits as long for its model's replicas.
+# Counted from the request's arrival at the router: one that waited that long for a routing task goes anywhere.
 PATIENCE_S = 1.0
 _HOLDING = ("READY", "LOADING")
 
@@ -76,18 +77,12 @@ def _two(replicas: list[Replica]) -> list[Replica]:
 
 
 def ranks(
-    model: str,
-    live: Mapping[str, Replica],
-    holders: Iterable[str],
-    spread: Iterable[str],
-    on_demand: bool = True,
-    patient: bool = False,
+    model: str, live: Mapping[str, Replica], holders: Iterable[str], spread: Iterable[str], on_demand: bool = True
 ) -> list[list[Replica]]:
     """The replicas to try for a request, in turn, each rank until one takes it: for `model` ('' when the request
     names none), two of the `live` replicas (by id) that hold it, then its owner if it does not and the replicas load
     models `on_demand` (else nothing would load it there); last (and alone when every replica holds it, or no model
-    is named) two of `spread`, Ray Serve's choice of candidates, left out while the request is `patient` and has
-    holders or an owner to wait for."""
+    is named) two of `spread`, Ray Serve's choice of candidates."""
     fallback = _two([live[replica] for replica in spread if replica in live])
     if not model:
         return [fallback]
@@ -97,4 +92,16 @@ def ranks(
     tried = [_two([live[replica] for replica in held])] if held else []
     if on_demand and (first := owner(model, live)) not in held:
         tried.append([live[first]])
-    return tried if patient and tried else [*tried, fallback]
+    return [*tried, fallback]
+
+
+def patiently(
+    tried: list[list[Replica]], waited_s: float, available: Callable[[list[Replica]], list[Replica]]
+) -> list[list[Replica]]:
+    """`tried` (from `ranks`) without its last rank, any replica, while the request has waited under PATIENCE_S and
+    one of its model's holders or its owner is `available` (not known to be full): a replica slow to answer Ray's
+    probe is asked again rather than passed over. A full one is passed over at once, as before."""
+    *preferred, _ = tried
+    if preferred and waited_s < PATIENCE_S and any(available(rank) for rank in preferred):
+        return preferred
+    return tried

@@ -9,15 +9,15 @@ from typing import Any
 
 from ray.serve.request_router import LocalityMixin, PendingRequest, RequestRouter, RunningReplica
 
-from layerserve.transports.ray.affinity import HANDED, HELD, ON_DEMAND, PATIENCE_S, ranks
+from layerserve.transports.ray.affinity import HANDED, HELD, ON_DEMAND, patiently, ranks
 
 
 class ModelAffinityRouter(LocalityMixin, RequestRouter):
     """Ranks the replicas for each request by the model it names (its multiplexed model id) and the models each
     replica holds (its routing stats); a request that names none, or a model handed to a group, is spread as Ray
-    Serve's own router spreads it (replicas of the router's node first, if preferred; two at random). A request tries
-    only its model's holders and owner for the first PATIENCE_S after it came (Ray's router asks again, with longer
-    deadlines)."""
+    Serve's own router spreads it (replicas of the router's node first, if preferred; two at random). For the first
+    PATIENCE_S after it came, a request tries only its model's holders and owner while one is not known to be full
+    (Ray's router asks them again, with longer deadlines)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -49,5 +49,7 @@ class ModelAffinityRouter(LocalityMixin, RequestRouter):
         if model and any(fnmatchcase(model, pattern) for pattern in self._handed):
             model = ""  # the ingress replicas only hand it on: any of them will do
         live = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
-        patient = pending_request is not None and time.time() - pending_request.created_at < PATIENCE_S
-        return ranks(model, live, self._holders.get(model, ()), spread, self._on_demand, patient)
+        tried = ranks(model, live, self._holders.get(model, ()), spread, self._on_demand)
+        if pending_request is None:
+            return tried
+        return patiently(tried, time.time() - pending_request.created_at, self.select_available_replicas)
