@@ -23,7 +23,8 @@ EfficientNet-Lite0-sized ones, each with weights of its own) is built once into 
    told warm or cold by a readiness check of its model just before it, on its connection (many_models_load.py).
    The memory of the server and every process below it is sampled from /proc twice a second, PSS summed (a
    page that several of them share is counted once in all) and RSS summed (counted in each); the limit the PSS is
-   held to is the base (from step 4's own server at readiness, before any request) plus the budget per worker.
+   held to is the base (from step 4's own server at readiness, before any request) plus, per worker, the budget
+   and the first ONNX Runtime session's cost beyond its graph (one worker serving only the smallest model).
    Answers: 200 with outputs; 503 with Retry-After and an error naming `model_memory_budget` (over gRPC,
    UNAVAILABLE naming it): the budget's documented refusal; anything else is a failure. Loads and evictions per
    second come from the server's counters over the run.
@@ -187,7 +188,7 @@ def settled_memory(server: Server, samples: int = 3) -> MemorySample:
     for _ in range(samples):
         time.sleep(0.25)
         taken.append(server.memory())
-    return sorted(taken, key=lambda sample: sample.rss_bytes)[samples // 2]
+    return sorted(taken, key=lambda sample: sample.pss_bytes)[samples // 2]
 
 
 def empty_base(options: Options, workers: int) -> dict[str, Any]:
@@ -212,7 +213,7 @@ def first_session(options: Options, manifest: Manifest, empty_pss: int) -> dict[
         figure = metric_sum(server.metrics(), "layerserve_version_memory_bytes", 'part="total"')
     engine = max(0, memory.pss_bytes - empty_pss - smallest.onnx_bytes)
     return {"model": smallest.name, "onnx_bytes": smallest.onnx_bytes, "rss_bytes": memory.rss_bytes,
-            "figure_bytes": figure, "engine_bytes": engine}  # fmt: skip
+            "pss_bytes": memory.pss_bytes, "figure_bytes": figure, "engine_bytes": engine}  # fmt: skip
 
 
 def _log(options: Options, name: str) -> Path:
