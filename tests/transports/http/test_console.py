@@ -162,15 +162,21 @@ def test_the_models_page_shows_the_demo_models_ready_and_live_charts(
     page.expect_clean()
 
 
-def test_a_photo_shows_egyptian_cat_first_and_a_layer_with_its_heatmap(
-    console_server: LiveServer, page: Watched, screenshots: Path, demo_repository: Path
-) -> None:
+def _try_the_cat(page: Watched, url: str, model: str) -> Any:
+    """The model's try page with scikit-image's cat sent, its top class shown (Egyptian cat); the page."""
     p = page.page
-    p.goto(f"{console_server.url}/console#/try/efficientnet_lite0")
+    p.goto(f"{url}/console#/try/{model}")
     p.set_input_files("#photo-input", package_file("skimage", "data/chelsea.png"))
     first = p.locator("#top-k .bars .label").first
     first.wait_for()
     assert first.inner_text() == "Egyptian cat"
+    return p
+
+
+def test_a_photo_shows_egyptian_cat_first_and_a_layer_with_its_heatmap(
+    console_server: LiveServer, page: Watched, screenshots: Path, demo_repository: Path
+) -> None:
+    p = _try_the_cat(page, console_server.url, "efficientnet_lite0")
     assert "/classify" in p.locator(".curl-line").first.inner_text()
     p.select_option("#layer-select", "head_relu")
     p.click("#show-layer")
@@ -199,12 +205,7 @@ def test_a_photo_shows_egyptian_cat_first_and_a_layer_with_its_heatmap(
 def test_a_pipelines_try_page_classifies_and_explains_and_offers_no_layers(
     console_server: LiveServer, page: Watched
 ) -> None:
-    p = page.page
-    p.goto(f"{console_server.url}/console#/try/imagenet_chain")
-    p.set_input_files("#photo-input", package_file("skimage", "data/chelsea.png"))
-    first = p.locator("#top-k .bars .label").first
-    first.wait_for()
-    assert first.inner_text() == "Egyptian cat"
+    p = _try_the_cat(page, console_server.url, "imagenet_chain")
     assert p.locator("#show-layer").count() == 0 and p.locator("#layer-select").count() == 0
     p.click("#explain")
     p.locator("#explanation").wait_for(timeout=60_000)
