@@ -90,6 +90,12 @@ def start_server(
     raise TimeoutError(f"server on port {port} not ready after {ready_timeout_s} s")
 
 
+def executions(url: str, model: str) -> int:
+    """Model calls (batches) a served model's versions have made, from its statistics."""
+    stats = httpx.get(f"{url}/v2/models/{model}/stats").json()["model_stats"]
+    return sum(int(version["execution_count"]) for version in stats)
+
+
 def start_server_process(repository: Path, cache: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
     """`layerserve serve` in a subprocess, logging to `server.log` beside the repository (gRPC off unless `flags`
     give a `--grpc-port`)."""

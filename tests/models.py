@@ -58,6 +58,14 @@ def build_tiny_image() -> Any:
     return keras.Model(image, keras.layers.Dense(3, activation="softmax", name="probs")(pooled), name="tiny_image")
 
 
+def build_flat_image() -> Any:
+    """An image classifier with no spatial map: 8x8 RGB (0..255) flattened -> 3 softmax scores."""
+    keras.utils.set_random_seed(10)
+    image = keras.Input((8, 8, 3), name="image")
+    flat = keras.layers.Flatten(name="flat")(keras.layers.Rescaling(1 / 255)(image))
+    return keras.Model(image, keras.layers.Dense(3, activation="softmax", name="probs")(flat), name="flat_image")
+
+
 def build_conv_bn() -> Any:
     """8x8 RGB -> a convolution without bias, batch normalization with learned statistics (the export folds it into
     the convolution), ReLU, pooling, 3 softmax scores."""

@@ -119,6 +119,11 @@ class VersionView:
         return self._version.path
 
     @property
+    def model_digest(self) -> str:
+        """The SHA-256 of the version's model file, as loaded."""
+        return self._version.model_digest
+
+    @property
     def config(self) -> ModelConfig:
         """The model's config.yaml, as the version loaded it."""
         return self._version.config

@@ -97,6 +97,11 @@ class ModelVersion:
         return cls(name, version, path, config, fingerprint, VersionState.UNAVAILABLE, reason)
 
     @property
+    def model_digest(self) -> str:
+        """The SHA-256 of the loaded model file (other weights under the same version number differ)."""
+        return self._model_digest
+
+    @property
     def is_ready(self) -> bool:
         """Whether the version serves requests."""
         return self.state is VersionState.READY

@@ -30,17 +30,19 @@ _QUEUE_FULL_WAITS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 @dataclass(frozen=True)
 class BaseLayer:
-    """Where the features come from: a version of the base model, its layer, and how it reads images (a digest of
-    its image settings: the features of a photo change with them)."""
+    """Where the features come from: a version of the base model, its layer, and what else changes a photo's
+    features: the version's weights (a digest of its model file: a folder written again under the same number) and
+    how it reads images (a digest of its image settings)."""
 
     model: str
     version: int
     layer: str
+    weights: str = ""
     reading: str = ""
 
     def feature_id(self, photo: LabelledPhoto, how: str) -> str:
         """A photo's (or its augmented copy's) id in the feature store, apart from ids clients give."""
-        return f"train-{self.reading}-{photo.digest}{'-' + how if how else ''}"
+        return f"train-{self.weights[:12]}-{self.reading}-{photo.digest}{'-' + how if how else ''}"
 
 
 _POOLING = ("GlobalAveragePooling2D", "GlobalMaxPooling2D", "GlobalAveragePooling1D", "GlobalMaxPooling1D")

@@ -18,8 +18,8 @@ from PIL import Image
 from layerserve.demo import demo_classes_zip
 from layerserve.settings import Settings
 from tests.demo.test_demo import package_file
-from tests.live_server import LiveServer, start_server
-from tests.models import build_mlp, build_tiny_image, save_model
+from tests.live_server import LiveServer, executions, start_server
+from tests.models import build_flat_image, build_mlp, build_tiny_image, save_model
 from tests.redis_server import RedisServer
 from tests.training.test_jobs import wait_for
 
@@ -63,8 +63,10 @@ def explain_server(demo_repository: Path, demo_engine_cache: Path, tmp_path_fact
     shutil.copytree(demo_repository, repo)  # a job writes a model into it
     save_model(build_mlp(1), repo / "mlp" / "1", "model.keras")
     save_model(build_tiny_image(), repo / "tiny" / "1", "model.keras")
-    (repo / "tiny" / "config.yaml").write_text("input: image\nresize: squash\nlabels: labels.txt\n")
+    (repo / "tiny" / "config.yaml").write_text("input: image\nresize: squash\nlabels: labels.txt\nmax_batch_size: 16\n")
     (repo / "tiny" / "labels.txt").write_text("red\ngreen\nblue\n")
+    save_model(build_flat_image(), repo / "flat" / "1", "model.keras")
+    (repo / "flat" / "config.yaml").write_text("input: image\nresize: squash\n")
     settings = Settings(model_repository=repo, engine_cache_dir=demo_engine_cache, reload_interval_s=0.5)
     live = start_server(settings)
     yield live, repo
@@ -111,7 +113,9 @@ def test_a_head_trained_on_efficientnet_sees_the_cat_too(explain_server: tuple[L
     assert classified.json()["predictions"][0][0]["label"] == "cat", classified.text
     answer = explain(live, "cat_or_not", composite(), "?class=cat")
     assert answer.status_code == 200, answer.text
-    share = mass_inside_the_cat(answer.json()["heatmap"])
+    found = answer.json()
+    assert found["method"] == "score-cam" and found["layer"] == "head_relu", {**found, "heatmap": "..."}
+    share = mass_inside_the_cat(found["heatmap"])
     assert share > 0.5, share
 
 
@@ -120,11 +124,16 @@ def test_occlusion_and_bad_explain_requests(explain_server: tuple[LiveServer, Pa
     red = png(Image.new("RGB", (8, 8), (230, 20, 20)))
     tiny = explain(live, "tiny", red, "?class=red")  # its map is 6x6 of an 8x8 image: Score-CAM over it
     assert tiny.status_code == 200 and tiny.json()["method"] == "score-cam", tiny.text
+    calls = executions(live.url, "tiny")
     occluded = explain(live, "tiny", red, "?method=occlusion&class=2")
     assert occluded.status_code == 200, occluded.text
+    assert executions(live.url, "tiny") == calls + 1 + 4  # the image, then 64 occluded copies in batches of 16
     found = occluded.json()
     assert (found["method"], found["layer"], found["rows"], found["columns"]) == ("occlusion", None, 8, 8)
     assert found["class"] == {"label": "blue", "index": 2, "score": pytest.approx(found["class"]["score"])}
+    flat = explain(live, "flat", red)  # no map of 2x2 or more to weigh: occlusion, without being asked
+    assert flat.status_code == 200, flat.text
+    assert (flat.json()["method"], flat.json()["layer"], flat.json()["rows"]) == ("occlusion", None, 8)
     cases = [
         ("tiny", red, "?method=gradients", 400, "method must be one of score-cam, occlusion"),
         ("tiny", red, "?class=purple", 400, "class 'purple' is neither a label"),

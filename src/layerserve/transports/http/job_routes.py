@@ -154,7 +154,7 @@ async def _image_job(request: Request, name: str, photos: list[LabelledPhoto], v
             )
         check_image_model(found.settings.model_repository / name, params.base, base.config)
         tensor, keras_layer = feature_layer(base.graph, params.layer)
-        where = BaseLayer(base.model, base.version, tensor, reading_digest(base.config))
+        where = BaseLayer(base.model, base.version, tensor, base.model_digest, reading_digest(base.config))
         data = ImageData(
             found.data, where, keras_layer, base.folder, base.config.model_dump(mode="json"), photos, classes, params,
             found.settings.trust_models,
