@@ -1,12 +1,16 @@
 """Explanations over HTTP: a real photo of a cat pasted at a known place on a plain canvas, explained by the demo
-EfficientNet and by a head trained on its pooled layer: most of the heatmap's mass lies on the cat; PNG overlays,
-occlusion for a model without a spatial layer, and the errors."""
+EfficientNet and by a head trained on its pooled layer (with the README's curl lines, as written): most of the
+heatmap's mass lies on the cat; PNG overlays, occlusion for a model without a spatial layer, and the errors."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import shlex
 import shutil
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,13 +19,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from layerserve.demo import demo_classes_zip
+from layerserve.demo import write_demo_photos
 from layerserve.settings import Settings
 from tests.demo.test_demo import package_file
 from tests.live_server import LiveServer, executions, start_server
 from tests.models import build_flat_image, build_mlp, build_tiny_image, save_model
 from tests.redis_server import RedisServer
-from tests.training.test_jobs import wait_for
 
 CANVAS, CAT_AT, CAT_SIZE = 448, (128, 192), (288, 192)  # the cat's box on the canvas: left, top; width, height
 INPUT = 224  # EfficientNet's input: the square canvas is resized by half
@@ -96,17 +99,48 @@ def test_efficientnet_sees_the_egyptian_cat_where_it_was_pasted(explain_server: 
     assert Image.open(io.BytesIO(overlay.content)).size == (INPUT, INPUT)
 
 
-def test_a_head_trained_on_efficientnet_sees_the_cat_too(explain_server: tuple[LiveServer, Path]) -> None:
-    live, _ = explain_server
-    classes = demo_classes_zip(package_file("skimage", "data/chelsea.png").parent)  # the README's photos
-    form = {"params": json.dumps({"base": "efficientnet_lite0", "hidden": 0}), "apply": "true"}
-    started = httpx.post(
-        f"{live.url}/v2/models/cat_or_not/train", files={"file": ("classes.zip", classes, "application/zip")},
-        data=form, timeout=60,
+def readme_story() -> list[list[str]]:
+    """The README's "Teach it your classes" commands, as argument lists (continued lines joined, comments gone)."""
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    section = readme.split("## Teach it your classes", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def curl(args: list[str], live: LiveServer, folder: Path) -> bytes:
+    """Run a README curl line in `folder` (where .demo-photos is) against `live` instead of localhost:8000."""
+    assert args[0] == "curl", args
+    done = subprocess.run(
+        [arg.replace("localhost:8000", live.host_port) for arg in args], cwd=folder, capture_output=True, timeout=120,
+        check=True,
     )  # fmt: skip
-    assert started.status_code == 202, started.text
-    job = wait_for(live.url, started.json()["job_id"], {"succeeded", "failed", "cancelled"}, timeout_s=600)
+    return done.stdout
+
+
+def test_the_readmes_story_trains_a_head_on_efficientnet_that_sees_the_cat_too(
+    explain_server: tuple[LiveServer, Path], tmp_path: Path
+) -> None:
+    if shutil.which("curl") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("curl is missing: the README's examples use it")
+        pytest.skip("curl is not installed")
+    live, _ = explain_server
+    write_demo_photos(tmp_path / ".demo-photos")  # what scripts/demo writes: classes.zip, cat.png, face.jpg
+    train, job_line, classify, explain_json, explain_png = readme_story()
+    job_id = json.loads(curl(train, live, tmp_path))["job_id"]
+    deadline = time.monotonic() + 600
+    while (job := json.loads(curl([a.replace("<job_id>", job_id) for a in job_line], live, tmp_path)))["state"] in (
+        "queued", "running",
+    ):  # fmt: skip
+        assert time.monotonic() < deadline, job
+        time.sleep(0.5)
     assert job["state"] == "succeeded", job["error"]
+    assert json.loads(curl(classify, live, tmp_path))["predictions"][0][0]["label"] == "cat"
+    assert json.loads(curl(explain_json, live, tmp_path))["class"]["label"] == "Egyptian cat"
+    curl(explain_png, live, tmp_path)
+    with Image.open(tmp_path / "why.png") as why:
+        assert (why.format, why.size) == ("PNG", (INPUT, INPUT))
+
     classified = httpx.post(
         f"{live.url}/v2/models/cat_or_not/classify?top_k=1", content=composite(), headers={"Content-Type": "image/png"}
     )
