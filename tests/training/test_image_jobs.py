@@ -179,6 +179,15 @@ def test_bad_image_train_requests_are_refused_before_any_job(image_jobs: tuple[L
     for files, params, message in cases:
         response = _train(live.url, "colours", files, params)
         assert response.status_code == 400 and message in response.json()["error"], (params, response.text)
+    as_tar = httpx.post(  # a tar.gz upload and base64 JSON reach the same checks
+        f"{live.url}/v2/models/colours/train", files={"file": ("p.tar.gz", tarred(one_class), "application/gzip")},
+        data={"params": json.dumps({"base": "tiny"})},
+    )  # fmt: skip
+    assert as_tar.status_code == 400 and "single class 'red'" in as_tar.json()["error"], as_tar.text
+    lone = [(name.split("/")[1], data) for name, data in lone_blue.items()]
+    inline = {"images": [{"b64": base64.b64encode(data).decode()} for _, data in lone], "labels": [c for c, _ in lone]}
+    as_json = httpx.post(f"{live.url}/v2/models/colours/train", json={"dataset": inline, "params": {"base": "tiny"}})
+    assert as_json.status_code == 400 and "class 'blue' has 1 photo" in as_json.json()["error"], as_json.text
     into_base = _train(live.url, "tiny", good, {"base": "tiny"})
     assert into_base.status_code == 400 and "is the base" in into_base.json()["error"]
     into_text_less = _train(live.url, "mlp", good, {"base": "tiny"})
