@@ -8,6 +8,7 @@ the typed requests and answers of messages.py.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,7 +260,14 @@ class VersionView:
             return labels.index(target)
         if target.isascii() and target.isdigit():
             return int(target)
-        raise BadRequestError(f"class {target!r} is neither a label of the model nor an index")
+        if not labels:
+            raise BadRequestError(f"class {target!r} is not an index; this model has no labels: give a class index")
+        close = difflib.get_close_matches(target, labels, n=5, cutoff=0.5)
+        listed = ", ".join(repr(label) for label in (close or labels[:5]))
+        raise BadRequestError(
+            f"class {target!r} is neither a label of the model nor an index; expected one of its {len(labels)} labels "
+            f"({'close ones' if close else 'the first'}: {listed}) or an index from 0 to {len(labels) - 1}"
+        )
 
     def check_features(self, layer: str, pool: str, what: str = "pool") -> None:
         """Raises BadRequestError for an unknown layer or pool (before the items are read)."""

@@ -170,7 +170,9 @@ def test_occlusion_and_bad_explain_requests(explain_server: tuple[LiveServer, Pa
     assert (flat.json()["method"], flat.json()["layer"], flat.json()["rows"]) == ("occlusion", None, 8)
     cases = [
         ("tiny", red, "?method=gradients", 400, "method must be one of score-cam, occlusion"),
-        ("tiny", red, "?class=purple", 400, "class 'purple' is neither a label"),
+        ("tiny", red, "?class=purple", 400, "expected one of its 3 labels (the first: 'red', 'green', 'blue') or an"),
+        ("tiny", red, "?class=bleu", 400, "(close ones: 'blue') or an index from 0 to 2"),
+        ("flat", red, "?class=cat", 400, "class 'cat' is not an index; this model has no labels"),
         ("tiny", red, "?class=7", 400, "class 7 is out of range"),
         ("tiny", red, "?layer=nope", 400, "unknown layer 'nope'"),
         ("tiny", red, "?layer=pool", 400, "Score-CAM needs a map"),
